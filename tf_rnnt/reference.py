@@ -1,0 +1,187 @@
+"""Pure-TensorFlow RNN-T loss: the oracle for every compiled op.
+
+This is what a TensorFlow user writes today: the full `[B, T, U+1, V]`
+log-softmax, then the forward (alpha) recursion over the lattice, and
+TensorFlow's autodiff for the gradient. It imports nothing from the compiled
+ops, so tests can check every hand-written gradient against it.
+
+FastEmit and the gradient clamp change the gradient, not the cost. They are
+expressed with autodiff too: an inner tape gives d cost / d lattice, which is
+then scaled and clamped exactly as the ops document.
+"""
+
+import tensorflow as tf
+
+__all__ = ["rnnt_loss", "lattice_from_logits", "lattice_loss", "joint_logits", "joint_lattice",
+           "flash_rnnt_loss"]
+
+_ACTIVATIONS = {
+    "tanh": tf.tanh,
+    "relu": tf.nn.relu,
+    "identity": tf.identity,
+}
+
+
+def _normalize_blank(blank, vocab_size):
+    return blank % vocab_size if blank < 0 else blank
+
+
+def lattice_from_logits(logits, labels, blank=0):
+    """Picks `[B, T, U+1, 2]` log-probabilities out of a full log_softmax.
+
+    Args:
+      logits: `[B, T, U+1, V]` float.
+      labels: `[B, U]` int; padded entries may hold any value in `[0, V)`.
+      blank: blank index, negative counts from the end.
+
+    Returns:
+      `[B, T, U+1, 2]` float32: channel 0 is log P(blank), channel 1 log P(y_{u+1})
+      (0 at u = U).
+    """
+    logits = tf.cast(logits, tf.float32)
+    vocab_size = logits.shape[-1]
+    blank = _normalize_blank(blank, vocab_size)
+    log_probs = tf.nn.log_softmax(logits, axis=-1)
+    labels = tf.cast(labels, tf.int32)
+    blank_lp = log_probs[..., blank]
+    max_t = tf.shape(logits)[1]
+    # Pad labels with one entry for u = U, whose pick is masked to 0 below.
+    labels_ext = tf.pad(labels, [[0, 0], [0, 1]])
+    labels_ext = tf.clip_by_value(labels_ext, 0, vocab_size - 1)
+    labels_bt = tf.broadcast_to(labels_ext[:, None, :], tf.shape(log_probs)[:3])
+    label_lp = tf.gather(log_probs, labels_bt, axis=-1, batch_dims=3)
+    u_plus_1 = tf.shape(labels)[1] + 1
+    not_last = tf.sequence_mask(u_plus_1 - 1, u_plus_1)
+    label_lp = tf.where(not_last[None, None, :], label_lp, tf.zeros_like(label_lp))
+    del max_t
+    return tf.stack([blank_lp, label_lp], axis=-1)
+
+
+# A large finite stand-in for log(0): unlike -inf it keeps autodiff free of 0 * inf = NaN.
+_LOG_ZERO = -1e30
+
+
+def _alpha_cost(lattice, logit_lengths, label_lengths):
+    """-log P(y|x) per sample by the alpha recursion (Graves 2012, eq. 16-18).
+
+    The recursion runs over anti-diagonals n = t + u, so each of the T + U steps
+    is one vectorized update:
+    alpha[t, u] = logaddexp(alpha[t-1, u] + blank[t-1, u], alpha[t, u-1] + label[t, u-1]).
+    """
+    lattice = tf.convert_to_tensor(lattice, tf.float32)
+    logit_lengths = tf.cast(logit_lengths, tf.int32)
+    label_lengths = tf.cast(label_lengths, tf.int32)
+    shape = tf.shape(lattice)
+    batch, max_t, max_u1 = shape[0], shape[1], shape[2]
+    num_diagonals = max_t + max_u1 - 1
+    # skewed[b, n, u] = lattice[b, n - u, u] (t = n - u), _LOG_ZERO off the lattice.
+    diag = tf.range(num_diagonals)[:, None]
+    u_index = tf.range(max_u1)[None, :]
+    t_index = diag - u_index
+    on_lattice = (t_index >= 0) & (t_index < max_t)
+    gather_index = tf.stack([tf.clip_by_value(t_index, 0, max_t - 1),
+                             tf.broadcast_to(u_index, tf.shape(t_index))], axis=-1)
+    skewed = tf.gather_nd(lattice, tf.broadcast_to(gather_index[None], [batch, num_diagonals, max_u1, 2]),
+                          batch_dims=1)
+    skewed = tf.where(on_lattice[None, :, :, None], skewed, _LOG_ZERO)
+    skewed = tf.transpose(skewed, [1, 0, 2, 3])  # [N, B, U+1, 2]
+
+    def step(alpha_diag, inputs):
+        lattice_diag, on_next = inputs
+        from_blank = alpha_diag + lattice_diag[..., 0]
+        from_label = alpha_diag + lattice_diag[..., 1]
+        from_label = tf.pad(from_label[:, :-1], [[0, 0], [1, 0]], constant_values=_LOG_ZERO)
+        next_diag = tf.reduce_logsumexp(tf.stack([from_blank, from_label], 0), 0)
+        return tf.where(on_next[None, :], next_diag, _LOG_ZERO)
+
+    alpha0 = tf.tile(tf.concat([[0.0], tf.fill([max_u1 - 1], _LOG_ZERO)], 0)[None], [batch, 1])
+    alphas = tf.scan(step, (skewed[:-1], on_lattice[1:]), initializer=alpha0)
+    alphas = tf.concat([alpha0[None], alphas], 0)  # [N, B, U+1]
+    final_diag = logit_lengths - 1 + label_lengths
+    final = tf.stack([final_diag, tf.range(batch), label_lengths], axis=1)
+    return -(tf.gather_nd(alphas, final) + tf.gather_nd(skewed[..., 0], final))
+
+
+def _shaped_gradient_cost(lattice, logit_lengths, label_lengths, fastemit_lambda, clamp):
+    """Cost whose gradient is FastEmit-scaled and clamped per sample."""
+
+    @tf.custom_gradient
+    def cost_fn(lat):
+        with tf.GradientTape() as tape:
+            tape.watch(lat)
+            cost = _alpha_cost(lat, logit_lengths, label_lengths)
+            total = tf.reduce_sum(cost)
+        grad = tape.gradient(total, lat)  # per-sample d cost_b / d lattice_b
+        grad = tf.where(tf.math.is_nan(grad), tf.zeros_like(grad), grad)
+        scale = tf.constant([1.0, 1.0 + fastemit_lambda], tf.float32)
+        grad = grad * scale
+        if clamp > 0:
+            grad = tf.clip_by_value(grad, -clamp, clamp)
+
+        def backward(upstream):
+            return grad * tf.reshape(upstream, [-1, 1, 1, 1])
+
+        return cost, backward
+
+    return cost_fn(lattice)
+
+
+def lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda=0.0, clamp=-1.0):
+    """Reference `tf_rnnt.lattice_loss`: costs `[B]` from a `[B, T, U+1, 2]` lattice."""
+    lattice = tf.convert_to_tensor(lattice, tf.float32)
+    if fastemit_lambda == 0.0 and clamp <= 0:
+        return _alpha_cost(lattice, logit_lengths, label_lengths)
+    return _shaped_gradient_cost(lattice, logit_lengths, label_lengths, float(fastemit_lambda),
+                                 float(clamp))
+
+
+def rnnt_loss(logits, labels, logit_lengths, label_lengths, blank=0, fastemit_lambda=0.0,
+              clamp=-1.0):
+    """Reference RNN-T loss on full logits.
+
+    Args:
+      logits: `[B, T, U+1, V]` float32/float16/bfloat16 (computed in float32).
+      labels: `[B, U]` int32/int64.
+      logit_lengths: `[B]` int, valid frames per sample.
+      label_lengths: `[B]` int, valid labels per sample.
+      blank: blank index; negative counts from the end.
+      fastemit_lambda: FastEmit regularization weight.
+      clamp: clamp of d cost / d lattice; off when <= 0.
+
+    Returns:
+      `[B]` float32 costs, -log P(y|x).
+    """
+    lattice = lattice_from_logits(logits, labels, blank)
+    return lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda, clamp)
+
+
+def joint_logits(encoder, predictor, kernel, bias, activation="tanh"):
+    """Full joint: `act(encoder[:, :, None] + predictor[:, None]) @ kernel + bias`.
+
+    Args:
+      encoder: `[B, T, H]`.
+      predictor: `[B, U+1, H]`.
+      kernel: `[H, V]`.
+      bias: `[V]`.
+      activation: "tanh", "relu" or "identity".
+
+    Returns:
+      `[B, T, U+1, V]` logits in the inputs' dtype.
+    """
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+    hidden = _ACTIVATIONS[activation](encoder[:, :, None, :] + predictor[:, None, :, :])
+    return tf.einsum("btuh,hv->btuv", hidden, kernel) + bias
+
+
+def joint_lattice(encoder, predictor, kernel, bias, labels, blank=0, activation="tanh"):
+    """Reference `tf_rnnt.joint_lattice` (lengths only matter to the loss)."""
+    return lattice_from_logits(joint_logits(encoder, predictor, kernel, bias, activation), labels,
+                               blank)
+
+
+def flash_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths, blank=0,
+                    activation="tanh", fastemit_lambda=0.0, clamp=-1.0):
+    """Reference `tf_rnnt.flash_rnnt_loss`: full joint, full logits, autodiff."""
+    logits = joint_logits(encoder, predictor, kernel, bias, activation)
+    return rnnt_loss(logits, labels, logit_lengths, label_lengths, blank, fastemit_lambda, clamp)
