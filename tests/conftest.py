@@ -1,0 +1,82 @@
+"""Shared pytest set-up: import paths, devices, dtypes and the GPU marker.
+
+GPU tests: anything marked `@pytest.mark.gpu` (or parametrized over DEVICES' "gpu" entry) is
+reported as SKIPPED with the reason below on machines where TensorFlow sees no GPU, never as
+passed.
+"""
+
+import importlib.util
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+_REPO_ROOT = os.path.dirname(_TESTS_DIR)
+if _TESTS_DIR not in sys.path:
+    sys.path.insert(0, _TESTS_DIR)  # `import oracle`
+if importlib.util.find_spec("tf_rnnt") is None:
+    sys.path.insert(0, _REPO_ROOT)  # running from a checkout without installing the package
+
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+GPUS = tf.config.list_physical_devices("GPU")
+for _gpu in GPUS:
+    try:
+        tf.config.experimental.set_memory_growth(_gpu, True)
+    except RuntimeError:  # already initialized by another conftest/plugin
+        pass
+
+NO_GPU_REASON = "needs a GPU: TensorFlow sees none on this machine (run on the H200 for GPU coverage)"
+requires_gpu = pytest.mark.skipif(not GPUS, reason=NO_GPU_REASON)
+
+# Each test parametrized over DEVICES runs on the CPU, and on the GPU or is reported skipped.
+DEVICES = [
+    pytest.param("/CPU:0", id="cpu"),
+    pytest.param("/GPU:0", id="gpu", marks=requires_gpu),
+]
+FLOAT_DTYPES = [
+    pytest.param(tf.float32, id="float32"),
+    pytest.param(tf.float16, id="float16"),
+    pytest.param(tf.bfloat16, id="bfloat16"),
+]
+HALF_DTYPES = [
+    pytest.param(tf.float16, id="float16"),
+    pytest.param(tf.bfloat16, id="bfloat16"),
+]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a GPU; skipped with a reason when none is visible")
+    config.addinivalue_line("markers", "slow: a subprocess or a large case (still part of CI)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if GPUS:
+        return
+    skip = pytest.mark.skip(reason=NO_GPU_REASON)
+    for item in items:
+        if "gpu" in item.keywords and item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """A TensorFlow device string: "/CPU:0", or "/GPU:0" where one is visible."""
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def gpu_device():
+    if not GPUS:
+        pytest.skip(NO_GPU_REASON)
+    return "/GPU:0"
+
+
+@pytest.fixture(params=[False, True], ids=["eager", "tf_function"])
+def graph_mode(request):
+    """Run a callable eagerly or inside tf.function (a traced graph)."""
+    return request.param
+
+

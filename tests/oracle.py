@@ -1,0 +1,253 @@
+"""Independent float64 NumPy RNN-T oracle for the tests.
+
+Written from the textbook recursions (Graves 2012, "Sequence Transduction with Recurrent
+Neural Networks", eq. 16-22), sharing no code with tf_rnnt: explicit loops over the lattice,
+alpha and beta both computed, gradients from alpha/beta (not autodiff).
+
+Conventions (the same as tf_rnnt's ops):
+  lattice[b, t, u, 0] = log P(blank | t, u), lattice[b, t, u, 1] = log P(y_{u+1} | t, u),
+  shape [B, T, U+1, 2]; costs are -log P(y|x) per sample; sample b uses the nodes
+  t < logit_lengths[b], u <= label_lengths[b]; every other node gets zero gradient.
+"""
+
+import numpy as np
+
+ACTIVATIONS = ("tanh", "relu", "identity")
+
+
+def log_softmax(logits):
+    x = np.asarray(logits, np.float64)
+    m = np.max(x, axis=-1, keepdims=True)
+    return x - m - np.log(np.sum(np.exp(x - m), axis=-1, keepdims=True))
+
+
+def normalize_blank(blank, vocab_size):
+    blank = int(blank)
+    return blank + vocab_size if blank < 0 else blank
+
+
+def lattice_from_logits(logits, labels, blank=0):
+    """[B, T, U+1, V] logits, [B, U] labels -> [B, T, U+1, 2] float64 lattice.
+
+    The label channel is 0 at u = U and wherever labels[b, u] is outside [0, V).
+    """
+    log_probs = log_softmax(logits)
+    batch, max_t, max_u1, vocab = log_probs.shape
+    blank = normalize_blank(blank, vocab)
+    labels = np.asarray(labels, np.int64)
+    lattice = np.zeros((batch, max_t, max_u1, 2))
+    lattice[..., 0] = log_probs[..., blank]
+    for b in range(batch):
+        for u in range(max_u1 - 1):
+            label = labels[b, u]
+            if 0 <= label < vocab:
+                lattice[b, :, u, 1] = log_probs[b, :, u, label]
+    return lattice
+
+
+def alpha_beta(lattice_b, num_frames, num_labels):
+    """Forward/backward variables of one sample (its valid rectangle only).
+
+    alpha[t, u]: log-prob of reaching node (t, u) having emitted y_1..y_u.
+    beta[t, u]: log-prob of finishing from node (t, u), including the final blank.
+    """
+    blank = lattice_b[:num_frames, :num_labels + 1, 0]
+    label = lattice_b[:num_frames, :num_labels + 1, 1]
+    alpha = np.full((num_frames, num_labels + 1), -np.inf)
+    alpha[0, 0] = 0.0
+    for t in range(num_frames):
+        for u in range(num_labels + 1):
+            if t == 0 and u == 0:
+                continue
+            terms = []
+            if t > 0:
+                terms.append(alpha[t - 1, u] + blank[t - 1, u])
+            if u > 0:
+                terms.append(alpha[t, u - 1] + label[t, u - 1])
+            alpha[t, u] = np.logaddexp.reduce(terms)
+    beta = np.full((num_frames, num_labels + 1), -np.inf)
+    for t in reversed(range(num_frames)):
+        for u in reversed(range(num_labels + 1)):
+            if t == num_frames - 1 and u == num_labels:
+                beta[t, u] = blank[t, u]
+                continue
+            terms = []
+            if t < num_frames - 1:
+                terms.append(beta[t + 1, u] + blank[t, u])
+            if u < num_labels:
+                terms.append(beta[t, u + 1] + label[t, u])
+            beta[t, u] = np.logaddexp.reduce(terms)
+    return alpha, beta
+
+
+def lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda=0.0, clamp=-1.0,
+                 upstream=None):
+    """Costs [B] and d (sum_b upstream[b] * cost_b) / d lattice [B, T, U+1, 2], float64.
+
+    FastEmit scales the label channel of d cost / d lattice by (1 + fastemit_lambda), leaving
+    the cost unchanged; then, when clamp > 0, the gradient is clipped to [-clamp, clamp];
+    the upstream gradient multiplies last.
+    """
+    lattice = np.asarray(lattice, np.float64)
+    batch = lattice.shape[0]
+    costs = np.zeros(batch)
+    grad = np.zeros_like(lattice)
+    upstream = np.ones(batch) if upstream is None else np.asarray(upstream, np.float64)
+    for b in range(batch):
+        num_frames, num_labels = int(logit_lengths[b]), int(label_lengths[b])
+        alpha, beta = alpha_beta(lattice[b], num_frames, num_labels)
+        log_p = beta[0, 0]
+        # The two directions must agree: a built-in self-check of the oracle.
+        forward_log_p = alpha[-1, -1] + lattice[b, num_frames - 1, num_labels, 0]
+        assert np.isclose(log_p, forward_log_p, rtol=1e-9, atol=1e-9), (log_p, forward_log_p)
+        costs[b] = -log_p
+        blank = lattice[b, :num_frames, :num_labels + 1, 0]
+        label = lattice[b, :num_frames, :num_labels + 1, 1]
+        # beta at the next node, with the terminal blank leading to "done" (log 1 = 0).
+        beta_next_t = np.full_like(beta, -np.inf)
+        beta_next_t[:-1] = beta[1:]
+        beta_next_t[-1, -1] = 0.0
+        g_blank = -np.exp(alpha + blank + beta_next_t - log_p)
+        g_label = np.zeros_like(g_blank)
+        g_label[:, :-1] = -np.exp(alpha[:, :-1] + label[:, :-1] + beta[:, 1:] - log_p)
+        g_label *= 1.0 + fastemit_lambda
+        g = np.stack([g_blank, g_label], axis=-1)
+        if clamp > 0:
+            g = np.clip(g, -clamp, clamp)
+        grad[b, :num_frames, :num_labels + 1] = g * upstream[b]
+    return costs, grad
+
+
+def logits_grad_from_lattice_grad(logits, labels, lattice_grad, blank=0):
+    """Chain rule from d lattice to d logits (log_softmax picks).
+
+    d_logits[v] = g_blank * (1[v == blank] - p_v) + g_label * (1[v == label] - p_v).
+    """
+    probs = np.exp(log_softmax(logits))
+    batch, max_t, max_u1, vocab = probs.shape
+    blank = normalize_blank(blank, vocab)
+    labels = np.asarray(labels, np.int64)
+    g_blank, g_label = lattice_grad[..., 0], lattice_grad[..., 1]
+    d_logits = -(g_blank + g_label)[..., None] * probs
+    d_logits[..., blank] += g_blank
+    for b in range(batch):
+        for u in range(max_u1 - 1):
+            label = labels[b, u]
+            if 0 <= label < vocab:
+                d_logits[b, :, u, label] += g_label[b, :, u]
+    return d_logits
+
+
+def rnnt_loss(logits, labels, logit_lengths, label_lengths, blank=0, fastemit_lambda=0.0,
+              clamp=-1.0, upstream=None):
+    """Costs [B] and d (sum_b upstream[b] * cost_b) / d logits [B, T, U+1, V], float64."""
+    lattice = lattice_from_logits(logits, labels, blank)
+    costs, lattice_grad = lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda,
+                                       clamp, upstream)
+    return costs, logits_grad_from_lattice_grad(logits, labels, lattice_grad, blank)
+
+
+# ----------------------------------------------------------------------------- joint network
+
+def _activation(pre, activation):
+    if activation == "tanh":
+        return np.tanh(pre)
+    if activation == "relu":
+        return np.maximum(pre, 0.0)
+    if activation == "identity":
+        return pre.copy()
+    raise ValueError(f"unknown activation {activation!r}")
+
+
+def _activation_grad(pre, hidden, activation):
+    if activation == "tanh":
+        return 1.0 - hidden ** 2
+    if activation == "relu":
+        return (pre > 0).astype(np.float64)
+    return np.ones_like(pre)
+
+
+def joint_logits(encoder, predictor, kernel, bias, activation="tanh"):
+    """logits[b, t, u] = act(encoder[b, t] + predictor[b, u]) @ kernel + bias, float64."""
+    encoder, predictor = np.asarray(encoder, np.float64), np.asarray(predictor, np.float64)
+    pre = encoder[:, :, None, :] + predictor[:, None, :, :]
+    hidden = _activation(pre, activation)
+    return hidden @ np.asarray(kernel, np.float64) + np.asarray(bias, np.float64)
+
+
+def joint_backward(encoder, predictor, kernel, bias, d_logits, activation="tanh"):
+    """Gradients (encoder, predictor, kernel, bias) of sum(d_logits * joint_logits(...))."""
+    encoder, predictor = np.asarray(encoder, np.float64), np.asarray(predictor, np.float64)
+    kernel = np.asarray(kernel, np.float64)
+    pre = encoder[:, :, None, :] + predictor[:, None, :, :]
+    hidden = _activation(pre, activation)
+    d_kernel = np.einsum("btuh,btuv->hv", hidden, d_logits)
+    d_bias = d_logits.sum(axis=(0, 1, 2))
+    d_pre = (d_logits @ kernel.T) * _activation_grad(pre, hidden, activation)
+    return d_pre.sum(axis=2), d_pre.sum(axis=1), d_kernel, d_bias
+
+
+def valid_node_mask(max_t, max_u1, logit_lengths, label_lengths):
+    """[B, T, U+1] bool: node (t, u) lies in sample b's (logit_length, label_length+1) rectangle."""
+    t = np.arange(max_t)[None, :, None]
+    u = np.arange(max_u1)[None, None, :]
+    return (t < np.asarray(logit_lengths)[:, None, None]) & (
+        u <= np.asarray(label_lengths)[:, None, None])
+
+
+def joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths, blank=0,
+                  activation="tanh"):
+    """The [B, T, U+1, 2] lattice of the joint, zero outside each sample's rectangle."""
+    logits = joint_logits(encoder, predictor, kernel, bias, activation)
+    lattice = lattice_from_logits(logits, labels, blank)
+    mask = valid_node_mask(logits.shape[1], logits.shape[2], logit_lengths, label_lengths)
+    return lattice * mask[..., None]
+
+
+def joint_lattice_backward(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths,
+                           d_lattice, blank=0, activation="tanh"):
+    """Gradients (encoder, predictor, kernel, bias) of sum(d_lattice * joint_lattice(...))."""
+    logits = joint_logits(encoder, predictor, kernel, bias, activation)
+    mask = valid_node_mask(logits.shape[1], logits.shape[2], logit_lengths, label_lengths)
+    d_lattice = np.asarray(d_lattice, np.float64) * mask[..., None]
+    d_logits = logits_grad_from_lattice_grad(logits, labels, d_lattice, blank)
+    return joint_backward(encoder, predictor, kernel, bias, d_logits, activation)
+
+
+def flash_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths, blank=0,
+                    activation="tanh", fastemit_lambda=0.0, clamp=-1.0, upstream=None):
+    """Costs [B] and gradients (encoder, predictor, kernel, bias) of sum_b upstream[b] * cost_b."""
+    logits = joint_logits(encoder, predictor, kernel, bias, activation)
+    costs, d_logits = rnnt_loss(logits, labels, logit_lengths, label_lengths, blank,
+                                fastemit_lambda, clamp, upstream)
+    return (costs,) + joint_backward(encoder, predictor, kernel, bias, d_logits, activation)
+
+
+# ----------------------------------------------------------------------------- random problems
+
+def random_problem(rng, batch, max_t, max_u, vocab, blank=0, ragged=True, min_t=1):
+    """Random logits, labels (never blank) and (ragged) lengths with max lengths attained."""
+    blank_index = normalize_blank(blank, vocab)
+    logits = rng.normal(0.0, 1.0, size=(batch, max_t, max_u + 1, vocab))
+    non_blank = np.array([v for v in range(vocab) if v != blank_index])
+    labels = non_blank[rng.integers(0, len(non_blank), size=(batch, max_u))]
+    if ragged:
+        logit_lengths = rng.integers(min_t, max_t + 1, size=batch)
+        label_lengths = rng.integers(0, max_u + 1, size=batch)
+        logit_lengths[0], label_lengths[-1] = max_t, max_u
+    else:
+        logit_lengths = np.full(batch, max_t)
+        label_lengths = np.full(batch, max_u)
+    return logits, labels.astype(np.int32), logit_lengths.astype(np.int32), \
+        label_lengths.astype(np.int32)
+
+
+def random_joint_problem(rng, batch, max_t, max_u, hidden, vocab, blank=0, ragged=True):
+    """Random encoder [B, T, H], predictor [B, U+1, H], kernel [H, V], bias [V], labels, lengths."""
+    _, labels, logit_lengths, label_lengths = random_problem(
+        rng, batch, max_t, max_u, vocab, blank, ragged)
+    encoder = rng.normal(0.0, 1.0, size=(batch, max_t, hidden))
+    predictor = rng.normal(0.0, 1.0, size=(batch, max_u + 1, hidden))
+    kernel = rng.normal(0.0, 1.0 / np.sqrt(hidden), size=(hidden, vocab))
+    bias = rng.normal(0.0, 0.1, size=(vocab,))
+    return encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths
