@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Builds tf_rnnt's op library against the installed TensorFlow.
+
+  python custom_ops/build.py [--out tf_rnnt/_tf_rnnt_ops.so]
+
+CPU kernels always; CUDA kernels too when nvcc is found (CUDA_HOME/bin or PATH), unless
+TF_RNNT_WITH_CUDA=0. TF_RNNT_CUDA_ARCHS (default "80;86;89;90") lists the SM architectures;
+PTX for the newest is embedded too. cudart is linked statically (it then loads under both
+`tensorflow` and `tensorflow-cpu`); cuBLAS is not linked: the op uses the one TensorFlow loaded.
+Only the glue files (custom_ops/tf) see TensorFlow headers, to keep the build short.
+"""
+
+import argparse
+import concurrent.futures
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SRC = os.path.join(ROOT, "custom_ops")
+DEFAULT_ARCHS = "80;86;89;90"
+
+
+def find_nvcc():
+    if os.environ.get("TF_RNNT_WITH_CUDA", "1") == "0":
+        return None
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if cuda_home and os.path.exists(os.path.join(cuda_home, "bin", "nvcc")):
+        return os.path.join(cuda_home, "bin", "nvcc")
+    return shutil.which("nvcc")
+
+
+def tf_flags():
+    import tensorflow as tf  # noqa: deferred so --help works without TensorFlow
+
+    return tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags(), tf.__version__
+
+
+def run(cmd):
+    print(" ".join(cmd), flush=True)
+    subprocess.check_call(cmd)
+
+
+def build(out, jobs):
+    compile_flags, link_flags, tf_version = tf_flags()
+    tf_include = [f[2:] for f in compile_flags if f.startswith("-I")][0]
+    nvcc = find_nvcc()
+    cuda_home = os.path.dirname(os.path.dirname(os.path.realpath(nvcc))) if nvcc else None
+    obj_dir = os.path.join(ROOT, "build", "obj-" + hashlib.sha1(
+        (tf_version + str(nvcc) + sys.version).encode()).hexdigest()[:10])
+    os.makedirs(obj_dir, exist_ok=True)
+    include = ["-I" + os.path.join(SRC, "include"), "-I" + os.path.join(SRC, "core")]
+    cxx = os.environ.get("CXX", "g++")
+    base = ["-O3", "-std=c++17", "-fPIC", "-mavx2", "-mfma", "-Wall", "-Wno-sign-compare",
+            "-Wno-deprecated-declarations", "-Wno-unused-function", "-Wno-interference-size"] + include
+    core_flags = base + ["-I" + tf_include, "-DEIGEN_MAX_ALIGN_BYTES=64"]
+    glue_flags = base + [f for f in compile_flags if f != "--std=c++17"] + ["-std=c++17"]
+    jobs_list = []
+    objects = []
+
+    def add(src, cmd_fn):
+        obj = os.path.join(obj_dir, os.path.basename(src) + ".o")
+        objects.append(obj)
+        deps = [src] + [os.path.join(d, f) for d in (os.path.join(SRC, "include", "tf_rnnt"),
+                                                     os.path.join(SRC, "core"))
+                        for f in os.listdir(d) if f.endswith((".h", ".cuh"))]
+        if not os.path.exists(obj) or os.path.getmtime(obj) < max(map(os.path.getmtime, deps)):
+            jobs_list.append(cmd_fn(src, obj))
+
+    cuda_defs = []
+    if nvcc:
+        cuda_include = "-I" + os.path.join(cuda_home, "include")
+        cuda_defs = ["-DTF_RNNT_WITH_CUDA=1", cuda_include]
+        archs = [a for a in os.environ.get("TF_RNNT_CUDA_ARCHS", DEFAULT_ARCHS).replace(",", ";").split(";") if a]
+        gencode = []
+        for a in archs:
+            gencode += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
+        gencode += ["-gencode", f"arch=compute_{archs[-1]},code=compute_{archs[-1]}"]
+        for f in ("lattice_cuda.cu", "joint_cuda.cu"):
+            add(os.path.join(SRC, "core", f), lambda s, o: [
+                nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
+                *include, *gencode, "-c", s, "-o", o])
+        add(os.path.join(SRC, "core", "cublas_loader.cc"),
+            lambda s, o: [cxx, *base, cuda_include, "-c", s, "-o", o])
+    for f in ("lattice_cpu.cc", "joint_cpu.cc"):
+        add(os.path.join(SRC, "core", f), lambda s, o: [cxx, *core_flags, "-c", s, "-o", o])
+    for f in ("ops.cc", "kernels.cc"):
+        add(os.path.join(SRC, "tf", f), lambda s, o: [cxx, *glue_flags, *cuda_defs, "-c", s, "-o", o])
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        for future in [pool.submit(run, cmd) for cmd in jobs_list]:
+            future.result()
+    libs = link_flags + ["-ldl", "-lpthread"]
+    if nvcc:
+        libs += ["-L" + os.path.join(cuda_home, "lib64"), "-l:libcudart_static.a", "-lrt"]
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    tmp = out + ".tmp"
+    run([cxx, "-shared", "-o", tmp, *objects, *libs, "-Wl,--no-undefined" if False else "-Wl,-O1"])
+    os.replace(tmp, out)
+    with open(os.path.join(os.path.dirname(out), "_build_info.txt"), "w") as f:
+        f.write(f"tensorflow={tf_version}\ncuda={'yes' if nvcc else 'no'}\n")
+    print(f"built {out} (TensorFlow {tf_version}, CUDA {'on' if nvcc else 'off'})")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=os.path.join(ROOT, "tf_rnnt", "_tf_rnnt_ops.so"))
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    args = parser.parse_args()
+    build(os.path.abspath(args.out), args.jobs)
+
+
+if __name__ == "__main__":
+    main()

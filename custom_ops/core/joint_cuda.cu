@@ -1,0 +1,382 @@
+// CUDA fused joint ("Flash RNN-T"). Per tile of packed lattice nodes:
+//   forward:  z = act(enc + pred) -> logits = z @ kernel (cuBLAS, tensor cores) -> online
+//             log-sum-exp with bias + blank/label picks (one warp per node);
+//   backward: recompute z and logits (tiled mode), d logits from the two per-node gradients in
+//             place, d hidden = d logits @ kernel^T and d kernel += z^T @ d logits (cuBLAS),
+//             d bias, d encoder and d predictor by ordered reductions (no atomics: deterministic).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "cublas_loader.h"
+#include "tf_rnnt/dtype_cuda.cuh"
+#include "tf_rnnt/node_math.h"
+#include "tf_rnnt/rnnt_core.h"
+
+namespace tf_rnnt {
+
+namespace {
+
+constexpr int kWarps = 8;           // warps per block in the per-node kernels
+constexpr int kBiasChunkRows = 512; // rows per partial column sum of d logits
+
+template <typename T>
+cudaDataType_t cuda_type();
+template <>
+cudaDataType_t cuda_type<float>() { return CUDA_R_32F; }
+template <>
+cudaDataType_t cuda_type<__half>() { return CUDA_R_16F; }
+template <>
+cudaDataType_t cuda_type<__nv_bfloat16>() { return CUDA_R_16BF; }
+
+size_t align_up(size_t bytes) { return (bytes + 255) & ~size_t(255); }
+
+__global__ void node_offsets_kernel(const int32_t* logit_lengths, const int32_t* label_lengths,
+                                    int B, int64_t* offsets) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    offsets[0] = 0;
+    for (int b = 0; b < B; ++b) {
+      offsets[b + 1] = offsets[b] + static_cast<int64_t>(logit_lengths[b]) * (label_lengths[b] + 1);
+    }
+  }
+}
+
+// z[n - n0] = act(encoder[b, t] + predictor[b, u]): one block per node, threads over H.
+template <typename T>
+__global__ void hidden_kernel(int64_t n0, int64_t rows, const T* __restrict__ encoder,
+                              const T* __restrict__ predictor, const int64_t* __restrict__ offsets,
+                              const int32_t* __restrict__ label_lengths, int B, int T_max, int U1,
+                              int H, int activation, T* __restrict__ z) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const NodeIndex i = locate_node(n0 + r, offsets, B, label_lengths);
+    const T* e = encoder + (static_cast<int64_t>(i.b) * T_max + i.t) * H;
+    const T* p = predictor + (static_cast<int64_t>(i.b) * U1 + i.u) * H;
+    T* out = z + r * H;
+    for (int h = threadIdx.x; h < H; h += blockDim.x) {
+      out[h] = from_float<T>(activate(to_float(e[h]) + to_float(p[h]), activation));
+    }
+  }
+}
+
+// Online log-sum-exp of logits + bias and the picks, one warp per node.
+template <typename T>
+__global__ void picks_kernel(int64_t n0, int64_t rows, const float* __restrict__ logits,
+                             const T* __restrict__ bias, const int32_t* __restrict__ labels,
+                             const int64_t* __restrict__ offsets,
+                             const int32_t* __restrict__ label_lengths, int B, int T_max, int U1,
+                             int V, int blank, float* __restrict__ lattice,
+                             float* __restrict__ lse) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + (threadIdx.x >> 5); r < rows;
+       r += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const float* row = logits + r * V;
+    LseState s = lse_init();
+    for (int v = lane; v < V; v += 32) s = lse_push(s, row[v] + to_float(bias[v]));
+    s = warp_lse(s);
+    if (lane == 0) {
+      const int64_t n = n0 + r;
+      const NodeIndex i = locate_node(n, offsets, B, label_lengths);
+      const float total = lse_value(s);
+      const int64_t padded = (static_cast<int64_t>(i.b) * T_max + i.t) * U1 + i.u;
+      lse[n] = total;
+      lattice[2 * padded] = row[blank] + to_float(bias[blank]) - total;
+      if (i.u < label_lengths[i.b]) {
+        const int label = labels[static_cast<int64_t>(i.b) * (U1 - 1) + i.u];
+        lattice[2 * padded + 1] = row[label] + to_float(bias[label]) - total;
+      }
+    }
+  }
+}
+
+// d logits from the per-node lattice gradients (may write over the float logits, row by row).
+template <typename T>
+__global__ void logit_grads_kernel(int64_t n0, int64_t rows, const float* logits,
+                                   const T* __restrict__ bias, const int32_t* __restrict__ labels,
+                                   const int64_t* __restrict__ offsets,
+                                   const int32_t* __restrict__ label_lengths, int B, int T_max,
+                                   int U1, int V, int blank, const float* __restrict__ lse,
+                                   const float* __restrict__ d_lattice, T* d_logits) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + (threadIdx.x >> 5); r < rows;
+       r += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int64_t n = n0 + r;
+    const NodeIndex i = locate_node(n, offsets, B, label_lengths);
+    const int64_t padded = (static_cast<int64_t>(i.b) * T_max + i.t) * U1 + i.u;
+    const bool has_label = i.u < label_lengths[i.b];
+    const int label = has_label ? labels[static_cast<int64_t>(i.b) * (U1 - 1) + i.u] : -1;
+    const float g_blank = d_lattice[2 * padded];
+    const float g_label = has_label ? d_lattice[2 * padded + 1] : 0.f;
+    const float total = lse[n];
+    const float* row = logits + r * V;
+    T* out = d_logits + r * V;
+    for (int v = lane; v < V; v += 32) {
+      const float g = logit_grad(row[v] + to_float(bias[v]), total, v, blank, label, g_blank, g_label);
+      out[v] = from_float<T>(g);
+    }
+  }
+}
+
+// partial[c, v] = sum of d_logits[r, v] over rows r of chunk c (fixed order).
+template <typename T>
+__global__ void column_sum_kernel(const T* __restrict__ d_logits, int64_t rows, int V,
+                                  float* __restrict__ partial) {
+  const int v = blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t chunk = blockIdx.y;
+  if (v >= V) return;
+  const int64_t r1 = min(rows, (chunk + 1) * kBiasChunkRows);
+  float acc = 0.f;
+  for (int64_t r = chunk * kBiasChunkRows; r < r1; ++r) acc += to_float(d_logits[r * V + v]);
+  partial[chunk * V + v] = acc;
+}
+
+__global__ void add_partials_kernel(const float* __restrict__ partial, int chunks, int V,
+                                    float* __restrict__ d_bias) {
+  const int v = blockIdx.x * blockDim.x + threadIdx.x;
+  if (v >= V) return;
+  float acc = d_bias[v];
+  for (int c = 0; c < chunks; ++c) acc += partial[static_cast<int64_t>(c) * V + v];
+  d_bias[v] = acc;
+}
+
+// d encoder[b, t] += sum over the tile's nodes (b, t, u) of d hidden * act'(z).
+// One block per node that starts a (b, t) run inside the tile (u == 0 or the tile's first node).
+template <typename T>
+__global__ void encoder_grad_kernel(int64_t n0, int64_t rows, const float* __restrict__ d_hidden,
+                                    const T* __restrict__ z, const int64_t* __restrict__ offsets,
+                                    const int32_t* __restrict__ label_lengths, int B, int T_max,
+                                    int H, int activation, float* __restrict__ d_encoder) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const NodeIndex i = locate_node(n0 + r, offsets, B, label_lengths);
+    if (i.u != 0 && r != 0) continue;
+    const int run = static_cast<int>(min<int64_t>(label_lengths[i.b] + 1 - i.u, rows - r));
+    float* out = d_encoder + (static_cast<int64_t>(i.b) * T_max + i.t) * H;
+    for (int h = threadIdx.x; h < H; h += blockDim.x) {
+      float acc = 0.f;
+      for (int k = 0; k < run; ++k) {
+        const int64_t idx = (r + k) * H + h;
+        acc += d_hidden[idx] * activation_grad(to_float(z[idx]), activation);
+      }
+      out[h] += acc;
+    }
+  }
+}
+
+// d predictor[b, u] += sum over the tile's nodes (b, t, u) of d hidden * act'(z).
+// One block per (b, u); t runs over the frames whose node falls inside the tile.
+template <typename T>
+__global__ void predictor_grad_kernel(int64_t n0, int64_t rows, const float* __restrict__ d_hidden,
+                                      const T* __restrict__ z, const int64_t* __restrict__ offsets,
+                                      const int32_t* __restrict__ logit_lengths,
+                                      const int32_t* __restrict__ label_lengths, int B, int U1,
+                                      int H, int activation, float* __restrict__ d_predictor) {
+  const int64_t n1 = n0 + rows;
+  for (int64_t pair = blockIdx.x; pair < static_cast<int64_t>(B) * U1; pair += gridDim.x) {
+    const int b = static_cast<int>(pair / U1), u = static_cast<int>(pair % U1);
+    const int U1_b = label_lengths[b] + 1;
+    if (u >= U1_b || offsets[b + 1] <= n0 || offsets[b] >= n1) continue;
+    // node(t) = offsets[b] + t * U1_b + u must lie in [n0, n1).
+    const int64_t first = n0 - offsets[b] - u;
+    const int t_lo = first <= 0 ? 0 : static_cast<int>((first + U1_b - 1) / U1_b);
+    const int64_t last = n1 - offsets[b] - u;  // exclusive
+    const int t_hi = last <= 0 ? 0
+                               : static_cast<int>(min<int64_t>(logit_lengths[b],
+                                                                (last + U1_b - 1) / U1_b));
+    if (t_lo >= t_hi) continue;
+    float* out = d_predictor + (static_cast<int64_t>(b) * U1 + u) * H;
+    for (int h = threadIdx.x; h < H; h += blockDim.x) {
+      float acc = 0.f;
+      for (int t = t_lo; t < t_hi; ++t) {
+        const int64_t idx = (offsets[b] + static_cast<int64_t>(t) * U1_b + u - n0) * H + h;
+        acc += d_hidden[idx] * activation_grad(to_float(z[idx]), activation);
+      }
+      out[h] += acc;
+    }
+  }
+}
+
+template <typename T>
+__global__ void cast_kernel(const float* __restrict__ in, T* __restrict__ out, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = from_float<T>(in[i]);
+  }
+}
+
+int block_threads(int H) { return H >= 256 ? 256 : ((H + 31) / 32) * 32; }
+int grid_rows(int64_t rows) { return static_cast<int>(std::min<int64_t>(rows, 1 << 16)); }
+int grid_warps(int64_t rows) {
+  return static_cast<int>(std::min<int64_t>((rows + kWarps - 1) / kWarps, 1 << 16));
+}
+
+#define RETURN_IF_ERROR(expr)          \
+  do {                                 \
+    const Status _status = (expr);     \
+    if (!_status.ok()) return _status; \
+  } while (0)
+
+struct Workspace {
+  char* next;
+  template <typename P>
+  P* take(size_t bytes) {
+    P* p = reinterpret_cast<P*>(next);
+    next += align_up(bytes);
+    return p;
+  }
+};
+
+template <typename T>
+Status forward(const JointShape& s, const JointForwardArgs& a, cudaStream_t stream) {
+  const int H = s.H, V = s.V;
+  RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(
+      a.lattice, 0, sizeof(float) * 2 * static_cast<size_t>(s.B) * s.T * s.U1, stream)));
+  if (a.num_nodes == 0) return Status();
+  cublasHandle_t handle;
+  RETURN_IF_ERROR(cublas_handle_for(stream, &handle));
+  const bool untiled = a.saved_logits != nullptr;
+  const int64_t tile = untiled ? a.num_nodes : a.tile_nodes;
+  Workspace ws{static_cast<char*>(a.workspace)};
+  T* tile_z = untiled ? nullptr : ws.take<T>(sizeof(T) * tile * H);
+  float* tile_logits = untiled ? nullptr : ws.take<float>(sizeof(float) * tile * V);
+  const T* bias = static_cast<const T*>(a.bias);
+  for (int64_t n0 = 0; n0 < a.num_nodes; n0 += tile) {
+    const int64_t rows = std::min(tile, a.num_nodes - n0);
+    T* z = untiled ? static_cast<T*>(a.saved_hidden) : tile_z;
+    float* logits = untiled ? a.saved_logits : tile_logits;
+    hidden_kernel<T><<<grid_rows(rows), block_threads(H), 0, stream>>>(
+        n0, rows, static_cast<const T*>(a.encoder), static_cast<const T*>(a.predictor),
+        a.node_offsets, a.label_lengths, s.B, s.T, s.U1, H, s.activation, z);
+    RETURN_IF_ERROR(gemm_row_major(handle, false, false, static_cast<int>(rows), V, H, z,
+                                   cuda_type<T>(), H, a.kernel, cuda_type<T>(), V, 0.f, logits,
+                                   CUDA_R_32F, V, s.allow_tf32));
+    picks_kernel<T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
+        n0, rows, logits, bias, a.labels, a.node_offsets, a.label_lengths, s.B, s.T, s.U1, V,
+        s.blank, a.lattice, a.lse);
+    RETURN_IF_ERROR(last_launch_status());
+  }
+  return Status();
+}
+
+template <typename T>
+Status backward(const JointShape& s, const JointBackwardArgs& a, cudaStream_t stream) {
+  const int H = s.H, V = s.V;
+  RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(
+      a.d_encoder, 0, sizeof(float) * static_cast<size_t>(s.B) * s.T * H, stream)));
+  RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(
+      a.d_predictor, 0, sizeof(float) * static_cast<size_t>(s.B) * s.U1 * H, stream)));
+  RETURN_IF_ERROR(
+      cuda_status(cudaMemsetAsync(a.d_kernel, 0, sizeof(float) * static_cast<size_t>(H) * V, stream)));
+  RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(a.d_bias, 0, sizeof(float) * V, stream)));
+  if (a.num_nodes == 0) return Status();
+  cublasHandle_t handle;
+  RETURN_IF_ERROR(cublas_handle_for(stream, &handle));
+  const bool untiled = a.saved_logits != nullptr;
+  const bool float_io = sizeof(T) == sizeof(float);
+  const int64_t tile = untiled ? a.num_nodes : a.tile_nodes;
+  Workspace ws{static_cast<char*>(a.workspace)};
+  T* tile_z = untiled ? nullptr : ws.take<T>(sizeof(T) * tile * H);
+  float* tile_logits = untiled ? nullptr : ws.take<float>(sizeof(float) * tile * V);
+  T* tile_d_logits = float_io ? nullptr : ws.take<T>(sizeof(T) * tile * V);
+  float* d_hidden = ws.take<float>(sizeof(float) * tile * H);
+  const int chunks = static_cast<int>((tile + kBiasChunkRows - 1) / kBiasChunkRows);
+  float* partial = ws.take<float>(sizeof(float) * static_cast<size_t>(chunks) * V);
+  const T* bias = static_cast<const T*>(a.bias);
+  for (int64_t n0 = 0; n0 < a.num_nodes; n0 += tile) {
+    const int64_t rows = std::min(tile, a.num_nodes - n0);
+    const T* z;
+    float* logits;
+    if (untiled) {
+      z = static_cast<const T*>(a.saved_hidden);
+      logits = a.saved_logits;
+    } else {  // recompute the tile (activation checkpointing)
+      hidden_kernel<T><<<grid_rows(rows), block_threads(H), 0, stream>>>(
+          n0, rows, static_cast<const T*>(a.encoder), static_cast<const T*>(a.predictor),
+          a.node_offsets, a.label_lengths, s.B, s.T, s.U1, H, s.activation, tile_z);
+      RETURN_IF_ERROR(gemm_row_major(handle, false, false, static_cast<int>(rows), V, H, tile_z,
+                                     cuda_type<T>(), H, a.kernel, cuda_type<T>(), V, 0.f,
+                                     tile_logits, CUDA_R_32F, V, s.allow_tf32));
+      z = tile_z;
+      logits = tile_logits;
+    }
+    T* d_logits = float_io ? reinterpret_cast<T*>(logits) : tile_d_logits;
+    logit_grads_kernel<T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
+        n0, rows, logits, bias, a.labels, a.node_offsets, a.label_lengths, s.B, s.T, s.U1, V,
+        s.blank, a.lse, a.d_lattice, d_logits);
+    // d hidden = d logits @ kernel^T;  d kernel += z^T @ d logits.
+    RETURN_IF_ERROR(gemm_row_major(handle, false, true, static_cast<int>(rows), H, V, d_logits,
+                                   cuda_type<T>(), V, a.kernel, cuda_type<T>(), V, 0.f, d_hidden,
+                                   CUDA_R_32F, H, s.allow_tf32));
+    RETURN_IF_ERROR(gemm_row_major(handle, true, false, H, V, static_cast<int>(rows), z,
+                                   cuda_type<T>(), H, d_logits, cuda_type<T>(), V, 1.f, a.d_kernel,
+                                   CUDA_R_32F, V, s.allow_tf32));
+    const int tile_chunks = static_cast<int>((rows + kBiasChunkRows - 1) / kBiasChunkRows);
+    column_sum_kernel<T><<<dim3((V + 255) / 256, tile_chunks), 256, 0, stream>>>(d_logits, rows, V,
+                                                                               partial);
+    add_partials_kernel<<<(V + 255) / 256, 256, 0, stream>>>(partial, tile_chunks, V, a.d_bias);
+    encoder_grad_kernel<T><<<grid_rows(rows), block_threads(H), 0, stream>>>(
+        n0, rows, d_hidden, z, a.node_offsets, a.label_lengths, s.B, s.T, H, s.activation,
+        a.d_encoder);
+    predictor_grad_kernel<T><<<grid_rows(static_cast<int64_t>(s.B) * s.U1), block_threads(H), 0,
+                               stream>>>(n0, rows, d_hidden, z, a.node_offsets, a.logit_lengths,
+                                         a.label_lengths, s.B, s.U1, H, s.activation,
+                                         a.d_predictor);
+    RETURN_IF_ERROR(last_launch_status());
+  }
+  return Status();
+}
+
+}  // namespace
+
+size_t joint_workspace_bytes_cuda(const JointShape& s, int64_t tile_nodes, bool backward,
+                                  bool untiled) {
+  const size_t ds = dtype_size(s.dtype);
+  const size_t tile = static_cast<size_t>(tile_nodes);
+  size_t bytes = 0;
+  if (!untiled) bytes += align_up(ds * tile * s.H) + align_up(4 * tile * s.V);  // z, logits
+  if (backward) {
+    if (ds != 4) bytes += align_up(ds * tile * s.V);  // d logits in the input dtype
+    bytes += align_up(4 * tile * s.H);                 // d hidden
+    bytes += align_up(4 * ((tile + kBiasChunkRows - 1) / kBiasChunkRows) * s.V);
+  }
+  return bytes;
+}
+
+Status joint_node_offsets_cuda(const int32_t* logit_lengths, const int32_t* label_lengths, int B,
+                               int64_t* offsets, GpuStream stream) {
+  node_offsets_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(logit_lengths,
+                                                                      label_lengths, B, offsets);
+  return last_launch_status();
+}
+
+Status cast_float_cuda(const float* in, void* out, DType dtype, int64_t n, GpuStream stream) {
+  if (n == 0) return Status();
+  auto s = static_cast<cudaStream_t>(stream);
+  dispatch_dtype_cuda(dtype, [&](auto tag) {
+    using Tv = decltype(tag);
+    cast_kernel<Tv><<<blocks_for(n, 256), 256, 0, s>>>(in, static_cast<Tv*>(out), n);
+  });
+  return last_launch_status();
+}
+
+Status copy_cuda(void* dst, const void* src, size_t bytes, GpuStream stream) {
+  return cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                     static_cast<cudaStream_t>(stream)));
+}
+
+Status joint_forward_cuda(const JointShape& shape, const JointForwardArgs& args, GpuStream stream) {
+  Status status;
+  dispatch_dtype_cuda(shape.dtype, [&](auto tag) {
+    status = forward<decltype(tag)>(shape, args, static_cast<cudaStream_t>(stream));
+  });
+  return status;
+}
+
+Status joint_backward_cuda(const JointShape& shape, const JointBackwardArgs& args,
+                           GpuStream stream) {
+  Status status;
+  dispatch_dtype_cuda(shape.dtype, [&](auto tag) {
+    status = backward<decltype(tag)>(shape, args, static_cast<cudaStream_t>(stream));
+  });
+  return status;
+}
+
+}  // namespace tf_rnnt

@@ -1,0 +1,219 @@
+// Per-lattice-node RNN-T math, written once for the CPU and CUDA paths.
+//
+// Notation (Graves 2012, "Sequence Transduction with Recurrent Neural Networks"):
+//   blank(t, u) = log P(blank | t, u),  label(t, u) = log P(y_{u+1} | t, u)
+//   alpha(t, u) = logaddexp(alpha(t-1, u) + blank(t-1, u), alpha(t, u-1) + label(t, u-1))   (eq. 16)
+//   beta(t, u)  = logaddexp(beta(t+1, u) + blank(t, u),  beta(t, u+1) + label(t, u))        (eq. 18)
+//   log P(y|x) = beta(0, 0) = alpha(T-1, U) + blank(T-1, U)
+//   d cost / d blank(t, u) = -exp(alpha(t, u) + blank(t, u) + beta(t+1, u) - log P)          (eq. 20)
+//   d cost / d label(t, u) = -exp(alpha(t, u) + label(t, u) + beta(t, u+1) - log P)
+#ifndef TF_RNNT_NODE_MATH_H_
+#define TF_RNNT_NODE_MATH_H_
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define TF_RNNT_HD __host__ __device__ __forceinline__
+#else
+#define TF_RNNT_HD inline
+#endif
+
+namespace tf_rnnt {
+
+constexpr float kNegInf = -INFINITY;
+
+// log(exp(a) + exp(b)); exact for a == b == -inf (returns -inf, never NaN).
+TF_RNNT_HD float log_add(float a, float b) {
+  if (a == kNegInf) return b;
+  if (b == kNegInf) return a;
+  return a > b ? a + log1pf(expf(b - a)) : b + log1pf(expf(a - b));
+}
+
+// eq. 16: alpha(t, u) from its two predecessors; either may be absent (pass -inf).
+TF_RNNT_HD float alpha_step(float alpha_prev_t, float blank_prev_t, float alpha_prev_u,
+                            float label_prev_u) {
+  return log_add(alpha_prev_t + blank_prev_t, alpha_prev_u + label_prev_u);
+}
+
+// eq. 18: beta(t, u) from its two successors; either may be absent (pass -inf).
+TF_RNNT_HD float beta_step(float beta_next_t, float blank, float beta_next_u, float label) {
+  return log_add(beta_next_t + blank, beta_next_u + label);
+}
+
+struct NodeGrad {
+  float blank;
+  float label;
+};
+
+// eq. 20 for one node, with FastEmit (Yu et al. 2021: label-emission gradient scaled by
+// 1 + lambda) and an optional clamp (|g| <= clamp when clamp > 0).
+// beta_next_t is beta(t+1, u) (0 for the final node t = T-1, u = U; -inf elsewhere at t = T-1);
+// beta_next_u is beta(t, u+1) (-inf at u = U).
+TF_RNNT_HD NodeGrad node_grad(float alpha, float beta_next_t, float beta_next_u, float blank,
+                              float label, float log_prob, float fastemit_lambda, float clamp) {
+  NodeGrad g;
+  g.blank = beta_next_t == kNegInf ? 0.f : -expf(alpha + blank + beta_next_t - log_prob);
+  g.label = beta_next_u == kNegInf
+                ? 0.f
+                : -(1.f + fastemit_lambda) * expf(alpha + label + beta_next_u - log_prob);
+  if (clamp > 0.f) {
+    g.blank = fminf(fmaxf(g.blank, -clamp), clamp);
+    g.label = fminf(fmaxf(g.label, -clamp), clamp);
+  }
+  return g;
+}
+
+// Online log-sum-exp state (Milakov & Gimelshein 2018): running max and sum of exp(x - max).
+struct LseState {
+  float max;
+  float sum;
+};
+
+TF_RNNT_HD LseState lse_init() { return LseState{kNegInf, 0.f}; }
+
+TF_RNNT_HD LseState lse_push(LseState s, float x) {
+  if (x <= s.max) {
+    s.sum += expf(x - s.max);
+  } else {
+    s.sum = s.sum * expf(s.max - x) + 1.f;  // s.max == -inf gives 0 * 0 + 1
+    s.max = x;
+  }
+  return s;
+}
+
+TF_RNNT_HD LseState lse_merge(LseState a, LseState b) {
+  if (a.max == kNegInf) return b;
+  if (b.max == kNegInf) return a;
+  if (a.max >= b.max) return LseState{a.max, a.sum + b.sum * expf(b.max - a.max)};
+  return LseState{b.max, b.sum + a.sum * expf(a.max - b.max)};
+}
+
+TF_RNNT_HD float lse_value(LseState s) { return s.max + logf(s.sum); }
+
+// d logits(v) for lattice = (logit(blank) - lse, logit(label) - lse):
+//   g_blank * (1[v == blank] - p_v) + g_label * (1[v == label] - p_v)
+TF_RNNT_HD float logit_grad(float logit, float lse, int v, int blank, int label, float g_blank,
+                            float g_label) {
+  float g = -expf(logit - lse) * (g_blank + g_label);
+  if (v == blank) g += g_blank;
+  if (v == label) g += g_label;
+  return g;
+}
+
+enum Activation : int { kTanh = 0, kRelu = 1, kIdentity = 2 };
+
+TF_RNNT_HD float activate(float x, int activation) {
+  switch (activation) {
+    case kTanh:
+      return tanhf(x);
+    case kRelu:
+      return x > 0.f ? x : 0.f;
+    default:
+      return x;
+  }
+}
+
+// d act / d x expressed through the activated value y = act(x), so the backward pass needs only y.
+TF_RNNT_HD float activation_grad(float y, int activation) {
+  switch (activation) {
+    case kTanh:
+      return 1.f - y * y;
+    case kRelu:
+      return y > 0.f ? 1.f : 0.f;
+    default:
+      return 1.f;
+  }
+}
+
+// Packed-node lookup for the fused joint: node n lies in sample b with
+// offsets[b] <= n < offsets[b+1] (binary search), then (t, u) row-major in a (T_b, U_b + 1) block.
+struct NodeIndex {
+  int b, t, u;
+};
+
+TF_RNNT_HD NodeIndex locate_node(int64_t n, const int64_t* offsets, int B,
+                                 const int32_t* label_lengths) {
+  int lo = 0, hi = B - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (offsets[mid] <= n) lo = mid; else hi = mid - 1;
+  }
+  const int64_t local = n - offsets[lo];
+  const int U1_b = label_lengths[lo] + 1;
+  NodeIndex idx;
+  idx.b = lo;
+  idx.t = static_cast<int>(local / U1_b);
+  idx.u = static_cast<int>(local % U1_b);
+  return idx;
+}
+
+// Host-side conversions for the 16-bit float formats (the CUDA path uses cuda_fp16/bf16).
+inline float half_bits_to_float(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1f;
+  uint32_t mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      bits = sign;
+    } else {  // subnormal: renormalize
+      exponent = 127 - 15 + 1;
+      while ((mantissa & 0x400u) == 0) {
+        mantissa <<= 1;
+        --exponent;
+      }
+      bits = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
+    }
+  } else if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else {
+    bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
+  }
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline uint16_t float_to_half_bits(float f) {
+  uint32_t x;
+  __builtin_memcpy(&x, &f, 4);
+  const uint16_t sign = (x >> 16) & 0x8000u;
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u) return sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u);
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: overflow to inf
+  if (abs < 0x38800000u) {                         // subnormal or zero in half
+    if (abs < 0x33000000u) return sign;            // < 2^-25 rounds to 0
+    const uint32_t e = abs >> 23;
+    const uint32_t m = (abs & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - e;  // 14 + (113 - e) - 1 + ...
+    uint32_t half_m = m >> (shift);
+    const uint32_t rem = m & ((1u << shift) - 1);
+    const uint32_t halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (half_m & 1u))) ++half_m;
+    return sign | static_cast<uint16_t>(half_m);
+  }
+  uint32_t h = ((abs >> 13) - (112u << 10));
+  const uint32_t rem = abs & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return sign | static_cast<uint16_t>(h);
+}
+
+inline float bf16_bits_to_float(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline uint16_t float_to_bf16_bits(float f) {
+  uint32_t x;
+  __builtin_memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // NaN
+  x += 0x7fffu + ((x >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(x >> 16);
+}
+
+}  // namespace tf_rnnt
+
+#endif  // TF_RNNT_NODE_MATH_H_

@@ -1,0 +1,166 @@
+// Op registrations and shape functions. Lengths and labels are also passed as host copies
+// (HostMemory in the GPU kernels) so the kernels can validate them and plan tiles without
+// reading device memory back.
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tf_rnnt {
+
+using ::tensorflow::Status;
+using ::tensorflow::shape_inference::DimensionHandle;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+namespace {
+
+// [B, T, U1, ...] input at `index` with `rank`; merges B with the [B] vectors at `vectors`.
+Status batch_dim(InferenceContext* c, int index, int rank, std::initializer_list<int> vectors,
+                 DimensionHandle* batch) {
+  ShapeHandle s;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(index), rank, &s));
+  *batch = c->Dim(s, 0);
+  for (int v : vectors) {
+    ShapeHandle vec;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(v), 1, &vec));
+    TF_RETURN_IF_ERROR(c->Merge(*batch, c->Dim(vec, 0), batch));
+  }
+  return Status();
+}
+
+}  // namespace
+
+REGISTER_OP("TfRnntLatticeLoss")
+    .Input("lattice: float")
+    .Input("logit_lengths: int32")
+    .Input("label_lengths: int32")
+    .Input("logit_lengths_host: int32")
+    .Input("label_lengths_host: int32")
+    .Attr("fastemit_lambda: float = 0.0")
+    .Attr("clamp: float = -1.0")
+    .Output("costs: float")
+    .Output("grads: float")
+    .SetShapeFn([](InferenceContext* c) {
+      DimensionHandle batch;
+      TF_RETURN_IF_ERROR(batch_dim(c, 0, 4, {1, 2, 3, 4}, &batch));
+      ShapeHandle lattice;
+      DimensionHandle two;
+      TF_RETURN_IF_ERROR(c->WithValue(c->Dim(c->input(0), 3), 2, &two));
+      TF_RETURN_IF_ERROR(c->ReplaceDim(c->input(0), 0, batch, &lattice));
+      c->set_output(0, c->Vector(batch));
+      c->set_output(1, lattice);
+      return Status();
+    })
+    .Doc("RNN-T costs of a [B, T, U+1, 2] log-probability lattice and d cost / d lattice.");
+
+REGISTER_OP("TfRnntLogitsToLattice")
+    .Input("logits: dtype")
+    .Input("labels: int32")
+    .Input("labels_host: int32")
+    .Input("label_lengths_host: int32")
+    .Attr("dtype: {float, half, bfloat16}")
+    .Attr("blank: int")
+    .Attr("validate_labels: bool")
+    .Output("lattice: float")
+    .Output("lse: float")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle logits, labels;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 4, &logits));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &labels));
+      DimensionHandle batch;
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(logits, 0), c->Dim(labels, 0), &batch));
+      DimensionHandle u1;
+      TF_RETURN_IF_ERROR(c->Add(c->Dim(labels, 1), 1, &u1));
+      TF_RETURN_IF_ERROR(c->Merge(u1, c->Dim(logits, 2), &u1));
+      c->set_output(0, c->MakeShape({batch, c->Dim(logits, 1), u1, c->MakeDim(2)}));
+      c->set_output(1, c->MakeShape({batch, c->Dim(logits, 1), u1}));
+      return Status();
+    })
+    .Doc("log_softmax(logits) at blank and at the next label, and the log-sum-exp.");
+
+REGISTER_OP("TfRnntLogitsToLatticeGrad")
+    .Input("logits: dtype")
+    .Input("labels: int32")
+    .Input("lse: float")
+    .Input("d_lattice: float")
+    .Attr("dtype: {float, half, bfloat16}")
+    .Attr("blank: int")
+    .Output("d_logits: dtype")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return Status();
+    });
+
+#define TF_RNNT_JOINT_ATTRS                                    \
+  Attr("dtype: {float, half, bfloat16}")                      \
+      .Attr("blank: int")                                     \
+      .Attr("activation: {'tanh', 'relu', 'identity'}")       \
+      .Attr("untiled: bool = false")                          \
+      .Attr("tile_nodes: int = 0")                            \
+      .Attr("memory_budget: int = 0")                         \
+      .Attr("allow_tf32: bool = true")
+
+REGISTER_OP("TfRnntJointLattice")
+    .Input("encoder: dtype")
+    .Input("predictor: dtype")
+    .Input("kernel: dtype")
+    .Input("bias: dtype")
+    .Input("labels: int32")
+    .Input("logit_lengths: int32")
+    .Input("label_lengths: int32")
+    .Input("labels_host: int32")
+    .Input("logit_lengths_host: int32")
+    .Input("label_lengths_host: int32")
+    .TF_RNNT_JOINT_ATTRS
+    .Output("lattice: float")
+    .Output("lse: float")
+    .Output("saved_hidden: dtype")
+    .Output("saved_logits: float")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle enc, pred, kernel, bias, labels;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &enc));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 3, &pred));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, &kernel));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &bias));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 2, &labels));
+      DimensionHandle batch, hidden, vocab, u1;
+      TF_RETURN_IF_ERROR(batch_dim(c, 0, 3, {5, 6}, &batch));
+      TF_RETURN_IF_ERROR(c->Merge(batch, c->Dim(pred, 0), &batch));
+      TF_RETURN_IF_ERROR(c->Merge(batch, c->Dim(labels, 0), &batch));
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(enc, 2), c->Dim(pred, 2), &hidden));
+      TF_RETURN_IF_ERROR(c->Merge(hidden, c->Dim(kernel, 0), &hidden));
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(kernel, 1), c->Dim(bias, 0), &vocab));
+      TF_RETURN_IF_ERROR(c->Add(c->Dim(labels, 1), 1, &u1));
+      TF_RETURN_IF_ERROR(c->Merge(u1, c->Dim(pred, 1), &u1));
+      c->set_output(0, c->MakeShape({batch, c->Dim(enc, 1), u1, c->MakeDim(2)}));
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      c->set_output(2, c->UnknownShapeOfRank(2));
+      c->set_output(3, c->UnknownShapeOfRank(2));
+      return Status();
+    })
+    .Doc("Fused joint + output layer + log-softmax picks, tile by tile (Flash RNN-T).");
+
+REGISTER_OP("TfRnntJointLatticeGrad")
+    .Input("encoder: dtype")
+    .Input("predictor: dtype")
+    .Input("kernel: dtype")
+    .Input("bias: dtype")
+    .Input("labels: int32")
+    .Input("logit_lengths: int32")
+    .Input("label_lengths: int32")
+    .Input("logit_lengths_host: int32")
+    .Input("label_lengths_host: int32")
+    .Input("lse: float")
+    .Input("d_lattice: float")
+    .Input("saved_hidden: dtype")
+    .Input("saved_logits: float")
+    .TF_RNNT_JOINT_ATTRS
+    .Output("d_encoder: dtype")
+    .Output("d_predictor: dtype")
+    .Output("d_kernel: dtype")
+    .Output("d_bias: dtype")
+    .SetShapeFn([](InferenceContext* c) {
+      for (int i = 0; i < 4; ++i) c->set_output(i, c->input(i));
+      return Status();
+    });
+
+}  // namespace tf_rnnt
