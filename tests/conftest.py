@@ -74,9 +74,23 @@ def gpu_device():
     return "/GPU:0"
 
 
-@pytest.fixture(params=[False, True], ids=["eager", "tf_function"])
+GRAPH_MODES = ["eager", "function", "function_dynamic_shapes"]
+
+
+@pytest.fixture(params=GRAPH_MODES)
 def graph_mode(request):
-    """Run a callable eagerly or inside tf.function (a traced graph)."""
+    """How a test calls the op: eagerly, in a tf.function traced with the static shapes, or in
+    a tf.function whose input_signature leaves every dimension unknown."""
     return request.param
 
 
+def compile_for(fn, graph_mode, args):
+    """`fn` wrapped for `graph_mode` ("eager", "function", "function_dynamic_shapes")."""
+    if graph_mode == "eager":
+        return fn
+    if graph_mode == "function":
+        return tf.function(fn)
+    if graph_mode == "function_dynamic_shapes":
+        specs = [tf.TensorSpec([None] * len(a.shape), a.dtype) for a in args]
+        return tf.function(fn, input_signature=specs)
+    raise ValueError(graph_mode)

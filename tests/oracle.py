@@ -127,14 +127,18 @@ def logits_grad_from_lattice_grad(logits, labels, lattice_grad, blank=0):
     batch, max_t, max_u1, vocab = probs.shape
     blank = normalize_blank(blank, vocab)
     labels = np.asarray(labels, np.int64)
-    g_blank, g_label = lattice_grad[..., 0], lattice_grad[..., 1]
-    d_logits = -(g_blank + g_label)[..., None] * probs
+    g_blank = np.asarray(lattice_grad[..., 0], np.float64)
+    # The label channel is a constant 0 at u = U and for labels outside [0, V): no gradient.
+    g_label = np.zeros_like(g_blank)
+    d_logits = -g_blank[..., None] * probs
     d_logits[..., blank] += g_blank
     for b in range(batch):
         for u in range(max_u1 - 1):
             label = labels[b, u]
             if 0 <= label < vocab:
+                g_label[b, :, u] = lattice_grad[b, :, u, 1]
                 d_logits[b, :, u, label] += g_label[b, :, u]
+    d_logits -= g_label[..., None] * probs
     return d_logits
 
 
@@ -251,3 +255,18 @@ def random_joint_problem(rng, batch, max_t, max_u, hidden, vocab, blank=0, ragge
     kernel = rng.normal(0.0, 1.0 / np.sqrt(hidden), size=(hidden, vocab))
     bias = rng.normal(0.0, 0.1, size=(vocab,))
     return encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths
+
+
+# ----------------------------------------------------------------------------- comparisons
+
+def assert_close(actual, expected, rtol=1e-5, err_msg=""):
+    """|actual - expected| <= rtol * (|expected| + max|expected|), elementwise.
+
+    The max term is the scale of the whole tensor: float32 results (sums of exponentials,
+    gradients with entries near 0) carry an error relative to the largest entry, not each one.
+    """
+    actual = np.asarray(actual, np.float64)
+    expected = np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape, err_msg)
+    scale = float(np.max(np.abs(expected))) if expected.size else 0.0
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol * scale, err_msg=err_msg)
