@@ -32,6 +32,15 @@ def find_nvcc():
     return shutil.which("nvcc")
 
 
+def find_cuda_home(nvcc):
+    """The toolkit root holding include/cuda_runtime.h (nvcc may be a wrapper script)."""
+    for home in (os.environ.get("CUDA_HOME"), os.path.dirname(os.path.dirname(os.path.realpath(nvcc))),
+                 "/usr/local/cuda"):
+        if home and os.path.exists(os.path.join(home, "include", "cuda_runtime.h")):
+            return home
+    raise RuntimeError(f"found {nvcc} but no CUDA toolkit headers; set CUDA_HOME")
+
+
 def tf_flags():
     import tensorflow as tf  # noqa: deferred so --help works without TensorFlow
 
@@ -47,7 +56,7 @@ def build(out, jobs):
     compile_flags, link_flags, tf_version = tf_flags()
     tf_include = [f[2:] for f in compile_flags if f.startswith("-I")][0]
     nvcc = find_nvcc()
-    cuda_home = os.path.dirname(os.path.dirname(os.path.realpath(nvcc))) if nvcc else None
+    cuda_home = find_cuda_home(nvcc) if nvcc else None
     obj_dir = os.path.join(ROOT, "build", "obj-" + hashlib.sha1(
         (tf_version + str(nvcc) + sys.version).encode()).hexdigest()[:10])
     os.makedirs(obj_dir, exist_ok=True)

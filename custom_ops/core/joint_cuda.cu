@@ -148,7 +148,8 @@ __global__ void encoder_grad_kernel(int64_t n0, int64_t rows, const float* __res
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const NodeIndex i = locate_node(n0 + r, offsets, B, label_lengths);
     if (i.u != 0 && r != 0) continue;
-    const int run = static_cast<int>(min<int64_t>(label_lengths[i.b] + 1 - i.u, rows - r));
+    const int64_t row_rest = label_lengths[i.b] + 1 - i.u;
+    const int run = static_cast<int>(row_rest < rows - r ? row_rest : rows - r);
     float* out = d_encoder + (static_cast<int64_t>(i.b) * T_max + i.t) * H;
     for (int h = threadIdx.x; h < H; h += blockDim.x) {
       float acc = 0.f;
@@ -178,9 +179,8 @@ __global__ void predictor_grad_kernel(int64_t n0, int64_t rows, const float* __r
     const int64_t first = n0 - offsets[b] - u;
     const int t_lo = first <= 0 ? 0 : static_cast<int>((first + U1_b - 1) / U1_b);
     const int64_t last = n1 - offsets[b] - u;  // exclusive
-    const int t_hi = last <= 0 ? 0
-                               : static_cast<int>(min<int64_t>(logit_lengths[b],
-                                                                (last + U1_b - 1) / U1_b));
+    const int64_t t_end = (last + U1_b - 1) / U1_b;
+    const int t_hi = last <= 0 ? 0 : static_cast<int>(t_end < logit_lengths[b] ? t_end : logit_lengths[b]);
     if (t_lo >= t_hi) continue;
     float* out = d_predictor + (static_cast<int64_t>(b) * U1 + u) * H;
     for (int h = threadIdx.x; h < H; h += blockDim.x) {

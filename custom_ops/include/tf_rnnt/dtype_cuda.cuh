@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "tf_rnnt/node_math.h"
 #include "tf_rnnt/rnnt_core.h"
 
 namespace tf_rnnt {
