@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""Speed and memory of tf_rnnt's ops against the pure-TensorFlow reference.
+
+  python benchmarks/bench_rnnt.py --suite loss    # issue 2: rnnt_loss vs reference.rnnt_loss
+  python benchmarks/bench_rnnt.py --suite flash   # issue 3: flash tiled/untiled vs reference
+  python benchmarks/bench_rnnt.py --suite scaling # time/memory vs T*U and tile size
+  python benchmarks/bench_rnnt.py --suite all --out benchmarks/results/h200.md
+
+Each case times forward + backward inside one tf.function: the median of --repeats runs after
+--warmup runs, each ending in a host read of the result. Peak memory is
+tf.config.experimental.get_memory_info(...)["peak"] after a reset, minus the memory held
+before the step (inputs and weights): "peak above the inputs". On the CPU it reports
+ru_maxrss growth instead. GEMM rates count the four GEMMs of the fused joint (forward,
+recompute, d joint, d kernel): 4 * 2 * N * H * V flops, N = valid lattice nodes.
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tf_rnnt  # noqa: E402
+from tf_rnnt import reference  # noqa: E402
+
+PROFILES = {
+    "short": dict(B=32, T=128, U=32, H=640, V=1025),
+    "target": dict(B=32, T=400, U=128, H=640, V=1025),
+    "long": dict(B=32, T=800, U=256, H=640, V=1025),
+    "cpu": dict(B=4, T=60, U=20, H=128, V=257),
+}
+
+
+def device_name():
+    return "GPU:0" if tf.config.list_physical_devices("GPU") else "CPU:0"
+
+
+def memory_now():
+    if device_name().startswith("GPU"):
+        return tf.config.experimental.get_memory_info("GPU:0")["current"]
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def reset_peak():
+    if device_name().startswith("GPU"):
+        tf.config.experimental.reset_memory_stats("GPU:0")
+
+
+def peak():
+    if device_name().startswith("GPU"):
+        return tf.config.experimental.get_memory_info("GPU:0")["peak"]
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def time_fn(fn, warmup, repeats):
+    for _ in range(warmup):
+        fn().numpy()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn().numpy()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(step, warmup, repeats):
+    """(median seconds, peak bytes above what was allocated before the first call)."""
+    base = memory_now()
+    reset_peak()
+    step().numpy()
+    used = peak() - base
+    seconds = time_fn(step, warmup, repeats)
+    return seconds, used
+
+
+def make_inputs(B, T, U, H, V, dtype, seed=0, ragged=True):
+    rng = np.random.default_rng(seed)
+    logit_lengths = np.full([B], T, np.int32)
+    label_lengths = np.full([B], U, np.int32)
+    if ragged:  # the first sample keeps the maximum so shapes stay as profiled
+        logit_lengths[1:] = rng.integers(T // 2, T + 1, B - 1)
+        label_lengths[1:] = rng.integers(U // 2, U + 1, B - 1)
+    with tf.device(device_name()):
+        enc = tf.constant(rng.normal(0, 0.5, (B, T, H)), dtype)
+        pred = tf.constant(rng.normal(0, 0.5, (B, U + 1, H)), dtype)
+        kernel = tf.constant(rng.normal(0, 1 / np.sqrt(H), (H, V)), dtype)
+        bias = tf.constant(np.zeros(V), dtype)
+        labels = tf.constant(rng.integers(1, V, (B, U)), tf.int32)
+        tl = tf.constant(logit_lengths)
+        ul = tf.constant(label_lengths)
+    nodes = int(np.sum(logit_lengths.astype(np.int64) * (label_lengths + 1)))
+    return (enc, pred, kernel, bias, labels, tl, ul), nodes
+
+
+def joint_step(method, args, **kw):
+    enc, pred, kernel, bias, labels, tl, ul = args
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            tape.watch([enc, pred, kernel, bias])
+            if method == "reference":
+                costs = reference.flash_rnnt_loss(enc, pred, kernel, bias, labels, tl, ul)
+            else:
+                costs = tf_rnnt.flash_rnnt_loss(enc, pred, kernel, bias, labels, tl, ul, mode=method,
+                                                **kw)
+            loss = tf.reduce_sum(costs)
+        grads = tape.gradient(loss, [enc, pred, kernel, bias])
+        return loss + sum(tf.cast(tf.reduce_sum(g), tf.float32) for g in grads)
+
+    return step
+
+
+def matmul_rate(dtype, n=8192, repeats=10):
+    """Measured dense GEMM rate (flop/s) of tf.matmul in `dtype` on n x n x n."""
+    with tf.device(device_name()):
+        a = tf.random.normal([n, n], dtype=tf.float32)
+        a = tf.cast(a, dtype)
+        b = tf.cast(tf.random.normal([n, n]), dtype)
+
+    @tf.function
+    def mm():
+        c = a
+        for _ in range(4):
+            c = tf.matmul(c, b) * tf.cast(1e-2, dtype)
+        return tf.reduce_sum(tf.cast(c[:1, :1], tf.float32))
+
+    seconds = time_fn(mm, 2, repeats)
+    return 4 * 2 * n**3 / seconds
+
+
+def fmt_bytes(b):
+    return f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
+
+
+def suite_loss(args, lines, results):
+    p = dict(PROFILES["target"] if args.profile == "auto" else PROFILES[args.profile])
+    B, T, U, V = p["B"], p["T"], p["U"], p["V"]
+    rng = np.random.default_rng(0)
+    with tf.device(device_name()):
+        logits = tf.constant(rng.normal(size=(B, T, U + 1, V)).astype(np.float32))
+        labels = tf.constant(rng.integers(1, V, (B, U)).astype(np.int32))
+        tl = tf.constant(np.full([B], T, np.int32))
+        ul = tf.constant(np.full([B], U, np.int32))
+
+    def step_for(fn):
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                tape.watch(logits)
+                loss = tf.reduce_sum(fn(logits, labels, tl, ul))
+            return loss + tf.reduce_sum(tape.gradient(loss, logits))
+        return step
+
+    lines.append(f"\n### rnnt_loss on logits, B={B} T={T} U={U} V={V} float32 ({device_name()})\n")
+    lines.append("| implementation | time (median) | peak above inputs |")
+    lines.append("|---|---|---|")
+    rows = {}
+    for name, fn in (("tf_rnnt.rnnt_loss", tf_rnnt.rnnt_loss),
+                     ("tf_rnnt.reference.rnnt_loss", reference.rnnt_loss)):
+        seconds, used = measure(step_for(fn), args.warmup, args.repeats)
+        rows[name] = (seconds, used)
+        lines.append(f"| {name} | {seconds * 1e3:.1f} ms | {fmt_bytes(used)} |")
+        print(lines[-1], flush=True)
+    (ts, ms), (tr, mr) = rows["tf_rnnt.rnnt_loss"], rows["tf_rnnt.reference.rnnt_loss"]
+    lines.append(f"\nspeed-up {tr / ts:.1f}x, memory ratio {ms / mr:.2f}")
+    results["loss"] = {k: {"seconds": v[0], "peak_bytes": v[1]} for k, v in rows.items()}
+
+
+def suite_flash(args, lines, results):
+    profiles = ["short", "target", "long"] if args.profile == "auto" else [args.profile]
+    dtypes = [tf.float32, tf.bfloat16] if device_name().startswith("GPU") else [tf.float32]
+    rates = {}
+    if device_name().startswith("GPU"):
+        for dt in dtypes:
+            rates[dt.name] = matmul_rate(dt)
+        lines.append("\nMeasured tf.matmul rate (8192^3): " + ", ".join(
+            f"{k}: {v / 1e12:.0f} TFLOP/s" for k, v in rates.items()) +
+            f" (float32 with TF32 {'on' if tf.config.experimental.tensor_float_32_execution_enabled() else 'off'})")
+    lines.append(f"\n### flash_rnnt_loss forward+backward ({device_name()})\n")
+    lines.append("| profile | dtype | method | time | peak above inputs | GEMM rate (4 GEMMs) | vs reference |")
+    lines.append("|---|---|---|---|---|---|---|")
+    results["flash"] = []
+    for prof in profiles:
+        p = PROFILES[prof]
+        for dt in dtypes:
+            inputs, nodes = make_inputs(p["B"], p["T"], p["U"], p["H"], p["V"], dt)
+            flops = 4 * 2 * nodes * p["H"] * p["V"]
+            ref = None
+            methods = ["tiled", "untiled", "reference"]
+            for method in methods:
+                if method == "reference" and prof == "long" and not args.long_reference:
+                    continue
+                try:
+                    seconds, used = measure(joint_step(method, inputs), args.warmup, args.repeats)
+                except tf.errors.ResourceExhaustedError:
+                    lines.append(f"| {prof} | {dt.name} | {method} | OOM | | | |")
+                    continue
+                if method == "reference":
+                    ref = (seconds, used)
+                rate = flops / seconds
+                frac = f" ({rate / rates[dt.name] * 100:.0f}% of matmul)" if dt.name in rates else ""
+                row = dict(profile=prof, dtype=dt.name, method=method, seconds=seconds,
+                           peak_bytes=used, nodes=nodes, gemm_flops=flops)
+                results["flash"].append(row)
+                lines.append(f"| {prof} | {dt.name} | {method} | {seconds * 1e3:.1f} ms | {fmt_bytes(used)} "
+                             f"| {rate / 1e12:.1f} TFLOP/s{frac} | |")
+                print(lines[-1], flush=True)
+            if ref:
+                for row in results["flash"]:
+                    if row["profile"] == prof and row["dtype"] == dt.name and row["method"] != "reference":
+                        lines.append(f"| {prof} | {dt.name} | {row['method']} vs reference | "
+                                     f"{ref[0] / row['seconds']:.1f}x faster | "
+                                     f"1/{ref[1] / max(row['peak_bytes'], 1):.0f} of reference memory | | |")
+
+
+def suite_scaling(args, lines, results):
+    gpu = device_name().startswith("GPU")
+    base = PROFILES["target"] if gpu else PROFILES["cpu"]
+    lines.append(f"\n### Scaling with T*U (tiled, default tile, float32, {device_name()})\n")
+    lines.append("| T | U | nodes | time | peak above inputs |")
+    lines.append("|---|---|---|---|---|")
+    results["scaling_tu"] = []
+    for scale in (0.25, 0.5, 1.0, 2.0):
+        T, U = max(2, int(base["T"] * scale ** 0.5)), max(1, int(base["U"] * scale ** 0.5))
+        inputs, nodes = make_inputs(base["B"], T, U, base["H"], base["V"], tf.float32, ragged=False)
+        seconds, used = measure(joint_step("tiled", inputs), args.warmup, args.repeats)
+        results["scaling_tu"].append(dict(T=T, U=U, nodes=nodes, seconds=seconds, peak_bytes=used))
+        lines.append(f"| {T} | {U} | {nodes} | {seconds * 1e3:.1f} ms | {fmt_bytes(used)} |")
+        print(lines[-1], flush=True)
+    lines.append(f"\n### Tile size (tiled, float32, B={base['B']} T={base['T']} U={base['U']}, {device_name()})\n")
+    lines.append("| tile_size (nodes) | time | peak above inputs |")
+    lines.append("|---|---|---|")
+    results["scaling_tile"] = []
+    inputs, nodes = make_inputs(base["B"], base["T"], base["U"], base["H"], base["V"], tf.float32)
+    for tile in (1024, 4096, 16384, 65536, 262144) if gpu else (256, 1024, 4096):
+        seconds, used = measure(joint_step("tiled", inputs, tile_size=tile), args.warmup, args.repeats)
+        results["scaling_tile"].append(dict(tile=tile, seconds=seconds, peak_bytes=used))
+        lines.append(f"| {tile} | {seconds * 1e3:.1f} ms | {fmt_bytes(used)} |")
+        print(lines[-1], flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", choices=["loss", "flash", "scaling", "all"], default="all")
+    parser.add_argument("--profile", default="auto", choices=["auto"] + list(PROFILES))
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--long-reference", action="store_true", help="also run the reference at 'long'")
+    parser.add_argument("--out", help="markdown file to write (a .json beside it too)")
+    args = parser.parse_args()
+    lines = [f"# tf_rnnt benchmarks ({time.strftime('%Y-%m-%d')}, TensorFlow {tf.__version__}, "
+             f"device {device_name()}"
+             + (f": {tf.config.experimental.get_device_details(tf.config.list_physical_devices('GPU')[0]).get('device_name')}"
+                if device_name().startswith("GPU") else "") + ")"]
+    results = {}
+    for suite in (["loss", "flash", "scaling"] if args.suite == "all" else [args.suite]):
+        {"loss": suite_loss, "flash": suite_flash, "scaling": suite_scaling}[suite](args, lines, results)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+        with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

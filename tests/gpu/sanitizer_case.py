@@ -1,0 +1,46 @@
+"""Small GPU workload for compute-sanitizer: every CUDA kernel of tf_rnnt, all dtypes, both modes,
+ragged lengths, blank first and last. Exits non-zero if results disagree with the CPU kernels."""
+import numpy as np
+import tensorflow as tf
+
+import tf_rnnt
+
+tf.config.experimental.enable_tensor_float_32_execution(False)  # exact float32 GEMMs for parity
+
+rng = np.random.default_rng(0)
+B, T, U, H, V = 3, 7, 4, 8, 11
+labels = rng.integers(1, V - 1, (B, U)).astype(np.int32)
+tl = np.array([7, 3, 5], np.int32)
+ul = np.array([4, 0, 2], np.int32)
+failed = False
+for dtype in (tf.float32, tf.float16, tf.bfloat16):
+    enc = rng.normal(size=(B, T, H)).astype(np.float32)
+    pred = rng.normal(size=(B, U + 1, H)).astype(np.float32)
+    kern = rng.normal(size=(H, V)).astype(np.float32) * 0.3
+    bias = rng.normal(size=(V,)).astype(np.float32)
+    logits = rng.normal(size=(B, T, U + 1, V)).astype(np.float32)
+    results = {}
+    for dev in ("/CPU:0", "/GPU:0"):
+        with tf.device(dev):
+            args = [tf.cast(x, dtype) for x in (enc, pred, kern, bias)]
+            lg = tf.cast(logits, dtype)
+            out = []
+            for blank in (0, -1):
+                lab = labels if blank == 0 else labels - 1
+                for mode, tile in (("tiled", 5), ("untiled", None)):
+                    with tf.GradientTape() as tape:
+                        tape.watch(args)
+                        c = tf_rnnt.flash_rnnt_loss(*args, lab, tl, ul, blank=blank, mode=mode, tile_size=tile)
+                    out += [c] + tape.gradient(c, args)
+                with tf.GradientTape() as tape:
+                    tape.watch(lg)
+                    c = tf_rnnt.rnnt_loss(lg, lab, tl, ul, blank=blank, fastemit_lambda=0.1)
+                out += [c, tape.gradient(c, lg)]
+            results[dev] = [tf.cast(x, tf.float32).numpy() for x in out]
+    worst = max(float(np.max(np.abs(a - b) / (1 + np.abs(a))))
+                for a, b in zip(results["/CPU:0"], results["/GPU:0"]))
+    tol = 1e-4 if dtype == tf.float32 else 5e-2  # TF32 is off by default in this check below
+    failed |= not worst < tol
+    print(dtype.name, "max |cpu - gpu| / (1 + |cpu|) =", worst, "tolerance", tol)
+print("MISMATCH" if failed else "OK")
+raise SystemExit(1 if failed else 0)
