@@ -26,6 +26,15 @@ UNITS = 10
 PAD = -1
 
 
+@pytest.fixture(autouse=True)
+def _no_tf32():
+    """Exact float32 GEMMs on GPUs (TF32 would dominate the 1e-5 comparisons); no-op on CPU."""
+    enabled = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    yield
+    tf.config.experimental.enable_tensor_float_32_execution(enabled)
+
+
 # ----------------------------------------------------------------------------------------------
 # A small transducer and its data (shared with test_keras_distributed.py).
 # ----------------------------------------------------------------------------------------------
@@ -50,9 +59,37 @@ class PredictorInput(keras.layers.Layer):
         return {**super().get_config(), "blank": self.blank}
 
 
-def build_transducer(seed=0, joint_kwargs=None):
-    """Masking + LSTM encoder, Embedding + LSTM predictor, RNNTJoint; outputs the lattice.
+@keras.saving.register_keras_serializable(package="tf_rnnt_tests")
+class LogitsHead(keras.layers.Layer):
+    """Full logits from an RNNTJoint's weights (`joint.logits`), keeping the frame mask."""
 
+    def __init__(self, joint, **kwargs):
+        super().__init__(**kwargs)
+        self.joint = joint
+
+    def build(self, input_shape):
+        self.joint.build(list(input_shape) + [(None, None)])
+
+    def call(self, inputs, mask=None):
+        return self.joint.logits(inputs[0], inputs[1])
+
+    def compute_mask(self, inputs, mask=None):
+        return None if mask is None else mask[0]
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0][0], input_shape[0][1], input_shape[1][1], self.joint.vocab_size)
+
+
+def joint_of(model):
+    layer = model.get_layer("joint")
+    return layer.joint if isinstance(layer, LogitsHead) else layer
+
+
+def build_transducer(seed=0, joint_kwargs=None, head="lattice"):
+    """Masking + LSTM encoder, Embedding + LSTM predictor, RNNTJoint.
+
+    The model outputs the lattice (head="lattice") or, through `RNNTJoint.logits`, the full
+    logits carrying the encoder's Keras mask (head="logits", for RNNTLoss).
     Returns `(model, features_model)`: the second maps the same inputs to
     `[encoder_out, predictor_out]` (shared layers), for the reference computation.
     """
@@ -65,9 +102,13 @@ def build_transducer(seed=0, joint_kwargs=None):
     predictor = PredictorInput()(labels)
     predictor = keras.layers.Embedding(VOCAB, PREDICTOR_DIM)(predictor)
     predictor = keras.layers.LSTM(PREDICTOR_DIM, return_sequences=True)(predictor)
-    lattice = RNNTJoint(VOCAB, UNITS, name="joint", **(joint_kwargs or {}))(
-        [encoder, predictor, labels])
-    model = keras.Model([features, labels], lattice)
+    if head == "lattice":
+        output = RNNTJoint(VOCAB, UNITS, name="joint", **(joint_kwargs or {}))(
+            [encoder, predictor, labels])
+    else:
+        output = LogitsHead(RNNTJoint(VOCAB, UNITS, **(joint_kwargs or {})), name="joint")(
+            [encoder, predictor])
+    model = keras.Model([features, labels], output)
     features_model = keras.Model([features, labels], [encoder, predictor])
     return model, features_model
 
@@ -133,7 +174,7 @@ class GradientRecorder(keras.optimizers.Optimizer):
 
 def reference_loss_and_gradients(model, features_model, features, labels, sample_weight=None):
     """The model's loss and gradients with the joint written out on full logits + reference."""
-    joint = model.get_layer("joint")
+    joint = joint_of(model)
     frame_lengths, label_lengths = batch_lengths(features, labels)
     clean_labels = np.where(np.asarray(labels) == PAD, 0, labels)
     with tf.GradientTape() as tape:
@@ -182,11 +223,12 @@ def _oracle_joint(joint, encoder_out, predictor_out):
     return oracle.joint_logits(encoder, predictor, w["kernel"], w["bias"], "tanh")
 
 
-def test_lattice_matches_oracle_and_marks_padding(device):
+@pytest.mark.parametrize("mode", ["tiled", "untiled"])
+def test_lattice_matches_oracle_and_marks_padding(device, mode):
     rng = np.random.default_rng(1)
     encoder_out, predictor_out, labels, mask, frame_lengths, label_lengths = \
         _random_joint_inputs(rng)
-    joint = RNNTJoint(VOCAB, UNITS)
+    joint = RNNTJoint(VOCAB, UNITS, mode=mode, tile_size=4)
     with tf.device(device):
         lattice = joint([encoder_out, predictor_out, labels], mask=[tf.constant(mask), None, None])
         read_frames, read_labels = tf_rnnt.keras.lattice_lengths(lattice)
@@ -301,6 +343,12 @@ def test_flash_loss_keras_mask_on_y_pred_removes_frames():
     np.testing.assert_allclose(costs, expected, rtol=1e-5)
 
 
+def _with_mask(x, frame_lengths):
+    x = tf.identity(x)
+    x._keras_mask = tf.sequence_mask(frame_lengths, x.shape[1])
+    return x
+
+
 @pytest.mark.parametrize("with_mask", [False, True], ids=["no_mask", "mask"])
 def test_rnnt_loss_on_logits_matches_oracle(device, with_mask):
     rng = np.random.default_rng(7)
@@ -311,13 +359,17 @@ def test_rnnt_loss_on_logits_matches_oracle(device, with_mask):
     labels[np.arange(4)[None, :] >= label_lengths[:, None]] = PAD
     weights = np.array([1.0, 0.5, 3.0], np.float32)
     with tf.device(device):
-        y_pred = tf.constant(logits)
-        if with_mask:
-            y_pred._keras_mask = tf.sequence_mask(frame_lengths, 6)
-        loss = RNNTLoss()(labels.astype(np.float32), y_pred, sample_weight=weights)
-    costs, _ = oracle.rnnt_loss(logits, np.where(labels == PAD, 0, labels), frame_lengths,
-                                label_lengths)
+        logits_var = tf.Variable(logits)
+        with tf.GradientTape() as tape:
+            # The frame lengths come from y_pred's Keras mask, or are all T without one.
+            y_pred = _with_mask(logits_var, frame_lengths) if with_mask else logits_var
+            loss = RNNTLoss()(labels.astype(np.float32), y_pred, sample_weight=weights)
+        grad = tape.gradient(loss, logits_var)
+    costs, expected_grad = oracle.rnnt_loss(logits, np.where(labels == PAD, 0, labels),
+                                            frame_lengths, label_lengths,
+                                            upstream=weights / 3.0)
     np.testing.assert_allclose(loss, np.mean(costs * weights), rtol=1e-5)
+    np.testing.assert_allclose(grad, expected_grad, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("cls", [FlashRNNTLoss, RNNTLoss])
@@ -346,8 +398,13 @@ def test_fit_loss_goes_down():
     assert losses[-1] < 0.7 * losses[0], losses
 
 
-@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
-def test_fit_step_gradients_match_reference(device, weighted):
+@pytest.mark.parametrize("weighted, head, mode", [
+    (False, "lattice", "tiled"),
+    (True, "lattice", "tiled"),
+    (True, "lattice", "untiled"),
+    (True, "logits", None),  # RNNTLoss on logits; frame lengths from the Keras mask
+], ids=["flash-unweighted", "flash-weighted", "flash_untiled-weighted", "rnnt_loss-weighted"])
+def test_fit_step_gradients_match_reference(device, weighted, head, mode):
     examples = make_examples(4, seed=11)
     weights = np.array([1.0, 0.25, 2.0, 0.5], np.float32) if weighted else None
     dataset = make_dataset(examples, batch_size=4, weights=weights)
@@ -355,11 +412,13 @@ def test_fit_step_gradients_match_reference(device, weighted):
     assert len(set(batch_lengths(features, labels)[0])) > 1  # really variable-length
 
     with tf.device(device):
-        model, features_model = build_transducer(seed=1)
+        model, features_model = build_transducer(
+            seed=1, head=head, joint_kwargs=None if mode is None else dict(mode=mode))
         expected_loss, expected_grads = reference_loss_and_gradients(
             model, features_model, features, labels, weights)
         recorder = GradientRecorder()
-        model.compile(optimizer=recorder, loss=FlashRNNTLoss())
+        model.compile(optimizer=recorder,
+                      loss=FlashRNNTLoss() if head == "lattice" else RNNTLoss())
         history = model.fit(dataset, epochs=1, verbose=0)
 
     np.testing.assert_allclose(history.history["loss"][0], expected_loss, rtol=1e-5)
