@@ -95,6 +95,8 @@ def _worker(kind, out):
     import tensorflow as tf
     import test_keras as tk
 
+    tf.config.experimental.enable_tensor_float_32_execution(False)  # exact GEMMs on GPUs
+
     strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops)
     examples = tk.make_examples(4, seed=21)
     results = {"num_replicas": strategy.num_replicas_in_sync, "cases": []}
