@@ -21,7 +21,8 @@ and reports the scaling (mirrored throughput / single-device throughput).
 
 Usage:
   python benchmarks/bench_keras.py --out benchmarks/results/keras_h200.md
-  python benchmarks/bench_keras.py --strategy both --batch 32 --out benchmarks/results/keras_2xh200.md
+  python benchmarks/bench_keras.py --strategy both --batch 32 \
+      --out benchmarks/results/keras_2xh200.md
 """
 
 import argparse

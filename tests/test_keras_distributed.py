@@ -21,8 +21,8 @@ _REPO_ROOT = os.path.dirname(_TESTS_DIR)
 
 def _run_worker(kind, tmp_path):
     out = os.path.join(tmp_path, f"distributed_{kind}.json")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join([_TESTS_DIR, _REPO_ROOT, os.environ.get("PYTHONPATH", "")]))
+    path = os.pathsep.join([_TESTS_DIR, _REPO_ROOT, os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=path)
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), kind, out], env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"

@@ -259,7 +259,8 @@ class RNNTJoint(keras.layers.Layer):
         if encoder_dim is None or predictor_dim is None:
             raise ValueError("RNNTJoint: the last dimension of `encoder_out` and "
                              "`predictor_out` must be known.")
-        self.encoder_kernel = self.add_weight(name="encoder_kernel", shape=(encoder_dim, self.units),
+        self.encoder_kernel = self.add_weight(name="encoder_kernel",
+                                              shape=(encoder_dim, self.units),
                                               initializer="glorot_uniform")
         self.encoder_bias = self.add_weight(name="encoder_bias", shape=(self.units,),
                                             initializer="zeros")
