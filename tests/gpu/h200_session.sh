@@ -6,7 +6,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 source .tfgpu/bin/activate
-export TF_RNNT_LIBRARY=$PWD/build/gpu/tf_rnnt/_tf_rnnt_ops.so PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export TF_RNNT_LIBRARY=$PWD/build/gpu/tf_rnnt/_tf_rnnt_ops.so PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TF_CPP_MIN_LOG_LEVEL=2
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 what=${1:-all}; shift || true
@@ -19,7 +19,7 @@ if [[ $what == bench || $what == all ]]; then
 fi
 if [[ $what == sanitize || $what == all ]]; then
   for tool in memcheck racecheck initcheck; do
-    compute-sanitizer --tool $tool --error-exitcode 9 --target-processes all \
+    compute-sanitizer --tool $tool --kernel-regex kns=tf_rnnt --error-exitcode 9 \
       python3 tests/gpu/sanitizer_case.py > "$OUT/sanitizer_$tool.log" 2>&1
     echo "compute-sanitizer $tool exit=$? : $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -2 | tr '\n' ' ')"
   done
