@@ -28,7 +28,8 @@ for _gpu in GPUS:
     except RuntimeError:  # already initialized by another conftest/plugin
         pass
 
-NO_GPU_REASON = "needs a GPU: TensorFlow sees none on this machine (run on the H200 for GPU coverage)"
+NO_GPU_REASON = ("needs a GPU: TensorFlow sees none on this machine "
+                 "(run on the H200 for GPU coverage)")
 requires_gpu = pytest.mark.skipif(not GPUS, reason=NO_GPU_REASON)
 
 # Each test parametrized over DEVICES runs on the CPU, and on the GPU or is reported skipped.
@@ -48,7 +49,8 @@ HALF_DTYPES = [
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a GPU; skipped with a reason when none is visible")
+    config.addinivalue_line("markers",
+                            "gpu: needs a GPU; skipped with a reason when none is visible")
     config.addinivalue_line("markers", "slow: a subprocess or a large case (still part of CI)")
 
 

@@ -478,7 +478,8 @@ def _assert_names_one_of(error, names):
 
 # A label equal to blank is a loss error only: the lattice itself is well defined.
 _JOINT_BAD_CASES = [pytest.param(fn_name, *case, id=f"{fn_name}-{case[0]}")
-                    for fn_name in ("joint_lattice", "flash_rnnt_loss") for case in JOINT_BAD_TENSORS
+                    for fn_name in ("joint_lattice", "flash_rnnt_loss")
+                    for case in JOINT_BAD_TENSORS
                     if not (fn_name == "joint_lattice" and case[0] == "label_is_blank")]
 
 
@@ -540,7 +541,8 @@ _DETERMINISM_SCRIPT = textwrap.dedent("""
                 tape.watch(params)
                 costs = tf_rnnt.flash_rnnt_loss(*params, labels, logit_lengths, label_lengths,
                                                 mode=mode, tile_size=7)
-            return [costs] + tape.gradient(tf.reduce_sum(costs), params)
+                total = tf.reduce_sum(costs)
+            return [costs] + tape.gradient(total, params)
 
     result = {}
     for mode in ("tiled", "untiled"):

@@ -42,7 +42,8 @@ _SCRIPT = textwrap.dedent("""
         with tf.GradientTape() as tape:
             tape.watch(params)
             costs = tf_rnnt.flash_rnnt_loss(*params, *rest, mode="tiled")
-        grads = tape.gradient(tf.reduce_sum(costs), params)
+            total = tf.reduce_sum(costs)
+        grads = tape.gradient(total, params)
         return costs.numpy(), [g.numpy() for g in grads]
 
     def peak_rss_bytes():
