@@ -220,6 +220,20 @@ def test_flash_rnnt_loss_tilings(tiling, blank, device):
     _compare_flash(got, expected, what=str(tiling))
 
 
+@pytest.mark.parametrize("tiling", [TILINGS[0], TILINGS[1], TILINGS[3],
+                                    pytest.param(dict(mode="tiled", tile_size=100),
+                                                 id="tile_100")])
+@pytest.mark.parametrize("device", DEVICES)
+def test_flash_rnnt_loss_larger_case(tiling, device):
+    # ~800 valid nodes: many row shards and tiles, so the multi-threaded paths run.
+    shape = (4, 20, 10, 32, 64)
+    problem = _problem(17, shape, blank=-1)
+    upstream = _upstream(shape[0])
+    expected = oracle.flash_rnnt_loss(*problem, -1, "tanh", upstream=upstream)
+    got = run_flash(tf_rnnt.flash_rnnt_loss, problem, upstream, device, blank=-1, **tiling)
+    _compare_flash(got, expected, what=str(tiling))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_flash_rnnt_loss_tilings_agree(device):
     # Different tile sizes only change the order of float32 sums: results agree closely.

@@ -349,6 +349,21 @@ def test_rnnt_loss_matches_oracle(shape, blank, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_rnnt_loss_larger_case(device):
+    # ~1500 nodes x V=40: large enough for the CPU kernels to shard over threads.
+    shape = (4, 30, 12, 40)
+    logits, labels, logit_lengths, label_lengths = _problem(33, shape, blank=0)
+    logits = logits.astype(np.float32)
+    upstream = _upstream(shape[0])
+    costs, grads = oracle.rnnt_loss(logits, labels, logit_lengths, label_lengths, 0,
+                                    upstream=upstream)
+    got_costs, got_grads = run_rnnt_loss(tf_rnnt.rnnt_loss, logits, labels, logit_lengths,
+                                         label_lengths, upstream, device)
+    oracle.assert_close(got_costs, costs, RTOL)
+    oracle.assert_close(got_grads, grads, RTOL)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_rnnt_loss_graph_modes(graph_mode, device):
     logits, labels, logit_lengths, label_lengths = _problem(17, (3, 6, 4, 7), blank=3)
     logits = logits.astype(np.float32)
