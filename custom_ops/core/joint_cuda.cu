@@ -139,31 +139,34 @@ __global__ void add_partials_kernel(const float* __restrict__ partial, int chunk
 }
 
 // d encoder[b, t] += sum over the tile's nodes (b, t, u) of d hidden * act'(z).
-// One block per node that starts a (b, t) run inside the tile (u == 0 or the tile's first node).
+// One block per node that starts a (b, t) run inside the tile (u == 0 or the tile's first node);
+// blockIdx.y splits H so that enough blocks are in flight.
 template <typename T>
 __global__ void encoder_grad_kernel(int64_t n0, int64_t rows, const float* __restrict__ d_hidden,
                                     const T* __restrict__ z, const int64_t* __restrict__ offsets,
                                     const int32_t* __restrict__ label_lengths, int B, int T_max,
                                     int H, int activation, float* __restrict__ d_encoder) {
+  const int h = blockIdx.y * blockDim.x + threadIdx.x;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const NodeIndex i = locate_node(n0 + r, offsets, B, label_lengths);
-    if (i.u != 0 && r != 0) continue;
+    if ((i.u != 0 && r != 0) || h >= H) continue;
     const int64_t row_rest = label_lengths[i.b] + 1 - i.u;
     const int run = static_cast<int>(row_rest < rows - r ? row_rest : rows - r);
-    float* out = d_encoder + (static_cast<int64_t>(i.b) * T_max + i.t) * H;
-    for (int h = threadIdx.x; h < H; h += blockDim.x) {
-      float acc = 0.f;
-      for (int k = 0; k < run; ++k) {
-        const int64_t idx = (r + k) * H + h;
-        acc += d_hidden[idx] * activation_grad(to_float(z[idx]), activation);
-      }
-      out[h] += acc;
+    const float* dh = d_hidden + r * H + h;
+    const T* zz = z + r * H + h;
+    float acc0 = 0.f, acc1 = 0.f;  // two chains for memory-level parallelism; fixed order
+    int k = 0;
+    for (; k + 1 < run; k += 2) {
+      acc0 += dh[k * H] * activation_grad(to_float(zz[k * H]), activation);
+      acc1 += dh[(k + 1) * H] * activation_grad(to_float(zz[(k + 1) * H]), activation);
     }
+    if (k < run) acc0 += dh[k * H] * activation_grad(to_float(zz[k * H]), activation);
+    d_encoder[(static_cast<int64_t>(i.b) * T_max + i.t) * H + h] += acc0 + acc1;
   }
 }
 
 // d predictor[b, u] += sum over the tile's nodes (b, t, u) of d hidden * act'(z).
-// One block per (b, u); t runs over the frames whose node falls inside the tile.
+// One block per (b, u) and slice of H; t runs over the frames whose node falls in the tile.
 template <typename T>
 __global__ void predictor_grad_kernel(int64_t n0, int64_t rows, const float* __restrict__ d_hidden,
                                       const T* __restrict__ z, const int64_t* __restrict__ offsets,
@@ -171,6 +174,8 @@ __global__ void predictor_grad_kernel(int64_t n0, int64_t rows, const float* __r
                                       const int32_t* __restrict__ label_lengths, int B, int U1,
                                       int H, int activation, float* __restrict__ d_predictor) {
   const int64_t n1 = n0 + rows;
+  const int h = blockIdx.y * blockDim.x + threadIdx.x;
+  if (h >= H) return;
   for (int64_t pair = blockIdx.x; pair < static_cast<int64_t>(B) * U1; pair += gridDim.x) {
     const int b = static_cast<int>(pair / U1), u = static_cast<int>(pair % U1);
     const int U1_b = label_lengths[b] + 1;
@@ -182,15 +187,23 @@ __global__ void predictor_grad_kernel(int64_t n0, int64_t rows, const float* __r
     const int64_t t_end = (last + U1_b - 1) / U1_b;
     const int t_hi = last <= 0 ? 0 : static_cast<int>(t_end < logit_lengths[b] ? t_end : logit_lengths[b]);
     if (t_lo >= t_hi) continue;
-    float* out = d_predictor + (static_cast<int64_t>(b) * U1 + u) * H;
-    for (int h = threadIdx.x; h < H; h += blockDim.x) {
-      float acc = 0.f;
-      for (int t = t_lo; t < t_hi; ++t) {
-        const int64_t idx = (offsets[b] + static_cast<int64_t>(t) * U1_b + u - n0) * H + h;
-        acc += d_hidden[idx] * activation_grad(to_float(z[idx]), activation);
-      }
-      out[h] += acc;
+    const int64_t stride = static_cast<int64_t>(U1_b) * H;
+    const int64_t base = (offsets[b] + static_cast<int64_t>(t_lo) * U1_b + u - n0) * H + h;
+    const int count = t_hi - t_lo;
+    float acc0 = 0.f, acc1 = 0.f, acc2 = 0.f, acc3 = 0.f;  // four chains; fixed order
+    int k = 0;
+    for (; k + 3 < count; k += 4) {
+      const int64_t i0 = base + k * stride;
+      acc0 += d_hidden[i0] * activation_grad(to_float(z[i0]), activation);
+      acc1 += d_hidden[i0 + stride] * activation_grad(to_float(z[i0 + stride]), activation);
+      acc2 += d_hidden[i0 + 2 * stride] * activation_grad(to_float(z[i0 + 2 * stride]), activation);
+      acc3 += d_hidden[i0 + 3 * stride] * activation_grad(to_float(z[i0 + 3 * stride]), activation);
     }
+    for (; k < count; ++k) {
+      const int64_t i0 = base + k * stride;
+      acc0 += d_hidden[i0] * activation_grad(to_float(z[i0]), activation);
+    }
+    d_predictor[(static_cast<int64_t>(b) * U1 + u) * H + h] += (acc0 + acc1) + (acc2 + acc3);
   }
 }
 
@@ -312,11 +325,13 @@ Status backward(const JointShape& s, const JointBackwardArgs& a, cudaStream_t st
     column_sum_kernel<T><<<dim3((V + 255) / 256, tile_chunks), 256, 0, stream>>>(d_logits, rows, V,
                                                                                partial);
     add_partials_kernel<<<(V + 255) / 256, 256, 0, stream>>>(partial, tile_chunks, V, a.d_bias);
-    encoder_grad_kernel<T><<<grid_rows(rows), block_threads(H), 0, stream>>>(
+    const int h_threads = H >= 128 ? 128 : ((H + 31) / 32) * 32;
+    const int h_slices = (H + h_threads - 1) / h_threads;
+    encoder_grad_kernel<T><<<dim3(grid_rows(rows), h_slices), h_threads, 0, stream>>>(
         n0, rows, d_hidden, z, a.node_offsets, a.label_lengths, s.B, s.T, H, s.activation,
         a.d_encoder);
-    predictor_grad_kernel<T><<<grid_rows(static_cast<int64_t>(s.B) * s.U1), block_threads(H), 0,
-                               stream>>>(n0, rows, d_hidden, z, a.node_offsets, a.logit_lengths,
+    predictor_grad_kernel<T><<<dim3(grid_rows(static_cast<int64_t>(s.B) * s.U1), h_slices),
+                               h_threads, 0, stream>>>(n0, rows, d_hidden, z, a.node_offsets, a.logit_lengths,
                                          a.label_lengths, s.B, s.U1, H, s.activation,
                                          a.d_predictor);
     RETURN_IF_ERROR(last_launch_status());
