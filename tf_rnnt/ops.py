@@ -14,8 +14,10 @@ __all__ = ["lattice_loss", "logits_to_lattice", "rnnt_loss", "joint_lattice", "f
 
 ACTIVATIONS = ("tanh", "relu", "identity")
 MODES = ("tiled", "untiled")
-#: Bytes of one tile's workspace when neither tile_size nor memory_budget is given.
+#: Bytes of one tile's workspace when neither tile_size nor memory_budget is given (GPU).
 DEFAULT_MEMORY_BUDGET = 256 * 2**20
+#: The same on the CPU, where large tiles buy nothing.
+DEFAULT_CPU_MEMORY_BUDGET = 64 * 2**20
 _FLOATS = (tf.float32, tf.float16, tf.bfloat16)
 
 
@@ -202,8 +204,9 @@ def joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, label
     overwrites the logits with their gradient in the backward pass.
 
     The tile is `tile_size` nodes, else as many as fit `memory_budget` bytes of workspace
-    (default `DEFAULT_MEMORY_BUDGET` = 256 MiB). A tile node needs about
-    `4 * (2 H + V)` bytes in float32 (plus `2 V` for float16/bfloat16 inputs on the GPU).
+    (default `DEFAULT_MEMORY_BUDGET` = 256 MiB on the GPU, `DEFAULT_CPU_MEMORY_BUDGET` = 64 MiB
+    on the CPU). A tile node needs about `4 * (2 H + V)` bytes in float32 (plus `2 V` for
+    float16/bfloat16 inputs on the GPU).
     If the workspace cannot be allocated the op halves the tile, down to 1024 nodes, then
     raises ResourceExhaustedError.
 

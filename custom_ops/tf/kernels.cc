@@ -39,7 +39,10 @@ namespace {
     }                                             \
   } while (0)
 
-constexpr int64_t kDefaultMemoryBudget = 256LL << 20;  // bytes for one tile's workspace
+// Default bytes for one tile's workspace. The GPU needs large tiles for efficient GEMMs; the CPU
+// does not, and TensorFlow's CPU allocator keeps freed blocks, so its budget stays small.
+constexpr int64_t kDefaultGpuMemoryBudget = 256LL << 20;
+constexpr int64_t kDefaultCpuMemoryBudget = 64LL << 20;
 
 ParallelFor cpu_parallel_for(OpKernelContext* ctx) {
   auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
@@ -353,10 +356,15 @@ struct JointPlan {
   int64_t tile_nodes(const JointAttrs& attrs, bool gpu) const {
     if (attrs.untiled || num_nodes == 0) return std::max<int64_t>(num_nodes, 1);
     if (attrs.tile_nodes > 0) return std::min(attrs.tile_nodes, num_nodes);
-    const int64_t budget = attrs.memory_budget > 0 ? attrs.memory_budget : kDefaultMemoryBudget;
-    const int64_t per_node = static_cast<int64_t>(
-        gpu ? joint_workspace_bytes_cuda(shape, 1024, true, false) / 1024
-            : joint_workspace_bytes_cpu(shape, 1, true, false));
+    const int64_t budget = attrs.memory_budget > 0 ? attrs.memory_budget
+                           : gpu                   ? kDefaultGpuMemoryBudget
+                                                   : kDefaultCpuMemoryBudget;
+    // Marginal bytes per node (the workspace also holds tile-independent buffers).
+    auto bytes = [&](int64_t nodes) {
+      return static_cast<int64_t>(gpu ? joint_workspace_bytes_cuda(shape, nodes, true, false)
+                                      : joint_workspace_bytes_cpu(shape, nodes, true, false));
+    };
+    const int64_t per_node = (bytes(2048) - bytes(1024)) / 1024;
     return std::max<int64_t>(1, std::min(num_nodes, budget / std::max<int64_t>(per_node, 1)));
   }
 
@@ -423,8 +431,10 @@ class JointLatticeOp : public OpKernel {
     const int64_t kept = attrs_.untiled ? N : 0;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({s.B, s.T, s.U1, 2}), &lattice));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({N}), &lse));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({kept, s.H}), &saved_hidden));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({kept, s.V}), &saved_logits));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            2, TensorShape({kept, joint_hidden_width(s, kGpu)}), &saved_hidden));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            3, TensorShape({kept, joint_logits_width(s, kGpu)}), &saved_logits));
     if (s.B == 0) return;
     int64_t tile = plan.tile_nodes(attrs_, kGpu);
     Tensor workspace;
@@ -492,8 +502,9 @@ class JointLatticeGradOp : public OpKernel {
     if (attrs_.untiled) {
       // d logits overwrites the kept logits when TensorFlow can forward that buffer.
       const Tensor& kept = ctx->input(12);
-      OP_REQUIRES(ctx, kept.NumElements() == N * s.V,
-                  InvalidArgument("saved_logits must have shape [", N, ", ", s.V, "]"));
+      const int64_t width = joint_logits_width(s, kGpu);
+      OP_REQUIRES(ctx, kept.NumElements() == N * width,
+                  InvalidArgument("saved_logits must have shape [", N, ", ", width, "]"));
       std::unique_ptr<Tensor> forwarded = ctx->forward_input(
           12, OpKernelContext::Params::kNoReservation, ::tensorflow::DT_FLOAT, kept.shape(),
           ::tensorflow::DEVICE_MEMORY, AllocatorAttributes());

@@ -92,6 +92,16 @@ size_t joint_workspace_bytes_cpu(const JointShape& shape, int64_t tile_nodes, bo
 size_t joint_workspace_bytes_cuda(const JointShape& shape, int64_t tile_nodes, bool backward,
                                   bool untiled);
 
+// Row widths of the tile buffers and of the untiled mode's kept tensors. The GPU path appends a
+// ones column to the joint values (it carries the bias through the GEMMs, so d bias comes out of
+// the d kernel GEMM) and pads both widths to multiples of 8 for aligned tensor-core GEMMs.
+inline int joint_hidden_width(const JointShape& s, bool gpu) {
+  return gpu ? ((s.H + 1 + 7) / 8) * 8 : s.H;
+}
+inline int joint_logits_width(const JointShape& s, bool gpu) {
+  return gpu ? ((s.V + 7) / 8) * 8 : s.V;
+}
+
 // Host-side plan: packed node offsets [B + 1] from host lengths.
 void joint_node_offsets(const int32_t* logit_lengths, const int32_t* label_lengths, int B,
                         int64_t* offsets);
@@ -110,8 +120,8 @@ struct JointForwardArgs {
   void* workspace;        // joint_workspace_bytes_{cpu,cuda}(shape, tile_nodes, false, untiled)
   float* lattice;         // [B, T, U1, 2] out; 0 outside the valid rectangles
   float* lse;             // [num_nodes] out (packed)
-  void* saved_hidden;     // untiled mode: [num_nodes, H] dtype out (else null)
-  float* saved_logits;    // untiled mode: [num_nodes, V] float32 out (else null)
+  void* saved_hidden;     // untiled mode: [num_nodes, joint_hidden_width] dtype out (else null)
+  float* saved_logits;    // untiled mode: [num_nodes, joint_logits_width] float32 out (else null)
 };
 
 struct JointBackwardArgs {
@@ -128,8 +138,8 @@ struct JointBackwardArgs {
   void* workspace;        // joint_workspace_bytes_{cpu,cuda}(shape, tile_nodes, true, untiled)
   const float* lse;       // [num_nodes]
   const float* d_lattice; // [B, T, U1, 2]
-  const void* saved_hidden;  // untiled: [num_nodes, H] (else null: recomputed per tile)
-  float* saved_logits;       // untiled: [num_nodes, V]; overwritten by d logits (else null)
+  const void* saved_hidden;  // untiled: as forward (else null: recomputed per tile)
+  float* saved_logits;       // untiled: as forward; overwritten by d logits (else null)
   // float32 accumulators, zero-initialized by the launcher:
   float* d_encoder;    // [B, T, H]
   float* d_predictor;  // [B, U1, H]
