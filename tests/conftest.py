@@ -63,6 +63,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def exact_float32_matmuls():
+    """TF32 off in every test: the 1e-5 float32 comparisons need exact GEMMs on GPUs (TF32 is
+    TensorFlow's default there); no effect on the CPU. Benchmarks keep TensorFlow's default."""
+    enabled = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    yield
+    tf.config.experimental.enable_tensor_float_32_execution(enabled)
+
+
 @pytest.fixture(params=DEVICES)
 def device(request):
     """A TensorFlow device string: "/CPU:0", or "/GPU:0" where one is visible."""

@@ -383,23 +383,18 @@ def test_lattice_loss_matches_golden(logits, labels, logit_lengths, label_length
 def test_flash_rnnt_loss_matches_golden(case, mode, device):
     import tf_rnnt
     vocab = case["trans"].shape[-1]
-    # kernel = I is exact in float32 but not under TF32 matmuls: ask for full float32 here.
-    tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
-    tf.config.experimental.enable_tensor_float_32_execution(False)
-    try:
-        with tf.device(device):
-            encoder = tf.constant(case["trans"], tf.float32)
-            predictor = tf.constant(case["pred"], tf.float32)
-            with tf.GradientTape() as tape:
-                tape.watch([encoder, predictor])
-                costs = tf_rnnt.flash_rnnt_loss(
-                    encoder, predictor, tf.eye(vocab), tf.zeros([vocab]),
-                    tf.constant(case["labels"]), tf.constant(case["logit_lengths"]),
-                    tf.constant(case["label_lengths"]), blank=case["blank"],
-                    activation="identity", mode=mode)
-            d_enc, d_pred = tape.gradient(costs, [encoder, predictor])
-    finally:
-        tf.config.experimental.enable_tensor_float_32_execution(tf32)
+    # kernel = I is exact in float32, not under TF32 (conftest turns TF32 off).
+    with tf.device(device):
+        encoder = tf.constant(case["trans"], tf.float32)
+        predictor = tf.constant(case["pred"], tf.float32)
+        with tf.GradientTape() as tape:
+            tape.watch([encoder, predictor])
+            costs = tf_rnnt.flash_rnnt_loss(
+                encoder, predictor, tf.eye(vocab), tf.zeros([vocab]),
+                tf.constant(case["labels"]), tf.constant(case["logit_lengths"]),
+                tf.constant(case["label_lengths"]), blank=case["blank"],
+                activation="identity", mode=mode)
+        d_enc, d_pred = tape.gradient(costs, [encoder, predictor])
     np.testing.assert_allclose(costs.numpy(), case["costs"], rtol=0, atol=JOINT_COST_ATOL)
     np.testing.assert_allclose(d_enc.numpy(), case["trans_grads"], rtol=0, atol=JOINT_GRAD_ATOL)
     np.testing.assert_allclose(d_pred.numpy(), case["pred_grads"], rtol=0, atol=JOINT_GRAD_ATOL)

@@ -44,14 +44,6 @@ TILINGS = [
 GRAD_NAMES = ("encoder", "predictor", "kernel", "bias")
 
 
-@pytest.fixture(autouse=True)
-def full_float32_matmuls():
-    enabled = tf.config.experimental.tensor_float_32_execution_enabled()
-    tf.config.experimental.enable_tensor_float_32_execution(False)
-    yield
-    tf.config.experimental.enable_tensor_float_32_execution(enabled)
-
-
 def _blank(blank, vocab):
     return vocab // 2 if blank == "middle" else blank
 

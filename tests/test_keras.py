@@ -26,15 +26,6 @@ UNITS = 10
 PAD = -1
 
 
-@pytest.fixture(autouse=True)
-def _no_tf32():
-    """Exact float32 GEMMs on GPUs (TF32 would dominate the 1e-5 comparisons); no-op on CPU."""
-    enabled = tf.config.experimental.tensor_float_32_execution_enabled()
-    tf.config.experimental.enable_tensor_float_32_execution(False)
-    yield
-    tf.config.experimental.enable_tensor_float_32_execution(enabled)
-
-
 # ----------------------------------------------------------------------------------------------
 # A small transducer and its data (shared with test_keras_distributed.py).
 # ----------------------------------------------------------------------------------------------
