@@ -54,6 +54,61 @@ __global__ void alpha_beta_kernel(const float* __restrict__ lattice,
   }
 }
 
+// The same recursion with the previous diagonal in shared memory (double-buffered, one barrier
+// per diagonal), so the dependent reads of each step hit shared rather than global memory.
+// Needs 2 * U1 floats of shared memory.
+__global__ void alpha_beta_shared_kernel(const float* __restrict__ lattice,
+                                         const int32_t* __restrict__ logit_lengths,
+                                         const int32_t* __restrict__ label_lengths, int T, int U1,
+                                         float* __restrict__ alphas, float* __restrict__ betas) {
+  extern __shared__ float diagonals[];  // [2][U1]
+  const int b = blockIdx.x;
+  const bool is_beta = blockIdx.y == 1;
+  const int T_b = logit_lengths[b];
+  const int U1_b = label_lengths[b] + 1;
+  const int64_t base = static_cast<int64_t>(b) * T * U1;
+  const float* lat = lattice + 2 * base;
+  float* out = (is_beta ? betas : alphas) + base;
+  const int last = T_b + U1_b - 2;  // index of the final diagonal
+  for (int diag = 0; diag <= last; ++diag) {
+    const float* prev = diagonals + ((diag + 1) & 1) * U1;
+    float* cur = diagonals + (diag & 1) * U1;
+    for (int u = threadIdx.x; u < U1_b; u += blockDim.x) {
+      float value = kNegInf;
+      if (!is_beta) {
+        const int t = diag - u;
+        if (t >= 0 && t < T_b) {
+          const int64_t node = static_cast<int64_t>(t) * U1 + u;
+          if (diag == 0) {
+            value = 0.f;
+          } else {
+            const float from_t = t > 0 ? prev[u] + lat[2 * (node - U1)] : kNegInf;
+            const float from_u = u > 0 ? prev[u - 1] + lat[2 * (node - 1) + 1] : kNegInf;
+            value = log_add(from_t, from_u);  // eq. 16
+          }
+          out[node] = value;
+        }
+      } else {
+        const int t = last - diag - u;  // diag counts back from (T_b - 1, U_b)
+        if (t >= 0 && t < T_b) {
+          const int64_t node = static_cast<int64_t>(t) * U1 + u;
+          const float blank = lat[2 * node];
+          if (diag == 0) {
+            value = blank;
+          } else {
+            const float from_t = t + 1 < T_b ? prev[u] + blank : kNegInf;
+            const float from_u = u + 1 < U1_b ? prev[u + 1] + lat[2 * node + 1] : kNegInf;
+            value = log_add(from_t, from_u);  // eq. 18
+          }
+          out[node] = value;
+        }
+      }
+      cur[u] = value;
+    }
+    __syncthreads();
+  }
+}
+
 // One thread per node: eq. 20, zeros outside the valid rectangle, cost from beta(0, 0).
 __global__ void lattice_grad_kernel(const float* __restrict__ lattice,
                                     const int32_t* __restrict__ logit_lengths,
@@ -148,8 +203,14 @@ Status lattice_loss_cuda(const float* lattice, const int32_t* logit_lengths,
   if (B == 0) return Status();
   auto s = static_cast<cudaStream_t>(stream);
   const int threads = U1 >= 1024 ? 1024 : ((U1 + 31) / 32) * 32;
-  alpha_beta_kernel<<<dim3(B, 2), threads, 0, s>>>(lattice, logit_lengths, label_lengths, T, U1,
-                                                   alphas, betas);
+  const size_t shared = 2 * sizeof(float) * static_cast<size_t>(U1);
+  if (shared <= 48 * 1024) {
+    alpha_beta_shared_kernel<<<dim3(B, 2), threads, shared, s>>>(
+        lattice, logit_lengths, label_lengths, T, U1, alphas, betas);
+  } else {  // very long label sequences: the previous diagonal is read from global memory
+    alpha_beta_kernel<<<dim3(B, 2), threads, 0, s>>>(lattice, logit_lengths, label_lengths, T, U1,
+                                                     alphas, betas);
+  }
   const int64_t total = static_cast<int64_t>(B) * T * U1;
   lattice_grad_kernel<<<blocks_for(total, 256), 256, 0, s>>>(lattice, logit_lengths, label_lengths,
                                                              B, T, U1, options, alphas, betas,
