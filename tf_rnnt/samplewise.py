@@ -249,16 +249,24 @@ def _batch_loop(encoder, predictor, kernel, bias, labels, logit_lengths, label_l
     args = (encoder, predictor, labels, logit_lengths, label_lengths, kernel32, bias32, blank,
             weights if weighted else tf.zeros([0]))
     costs = tf.TensorArray(tf.float32, size=batch, element_shape=[])
-    grad_encoder = tf.TensorArray(encoder.dtype, size=batch, element_shape=encoder.shape[1:])
-    grad_predictor = tf.TensorArray(predictor.dtype, size=batch,
-                                    element_shape=predictor.shape[1:])
+    if weighted:
+        grad_encoder = grad_predictor = tf.zeros([])  # unused
+    else:
+        # Each sample's rows are written in place into one fresh buffer (Empty is stateful: a
+        # new buffer every run, never a folded constant). A TensorArray would need a stack at
+        # the end, holding the [B, T, H] gradient twice.
+        grad_encoder = tf.raw_ops.Empty(shape=tf.shape(encoder), dtype=encoder.dtype, init=True)
+        grad_predictor = tf.raw_ops.Empty(shape=tf.shape(predictor), dtype=predictor.dtype,
+                                          init=True)
 
     def body(b, grad_kernel, grad_bias, costs, grad_encoder, grad_predictor):
         outputs = sample_fn(b, *args)
         costs = costs.write(b, outputs[0])
         if not weighted:
-            grad_encoder = grad_encoder.write(b, outputs[3])
-            grad_predictor = grad_predictor.write(b, outputs[4])
+            # InplaceUpdate aliases its input: the loop carries the same buffer throughout.
+            grad_encoder = tf.raw_ops.InplaceUpdate(x=grad_encoder, i=b[None], v=outputs[3][None])
+            grad_predictor = tf.raw_ops.InplaceUpdate(x=grad_predictor, i=b[None],
+                                                      v=outputs[4][None])
         return (b + 1, grad_kernel + outputs[1], grad_bias + outputs[2], costs, grad_encoder,
                 grad_predictor)
 
@@ -269,10 +277,6 @@ def _batch_loop(encoder, predictor, kernel, bias, labels, logit_lengths, label_l
         parallel_iterations=parallel_iterations, name="samplewise_batch_loop")
     if weighted:
         return costs.stack(), grad_kernel, grad_bias
-    # An empty list with a partly unknown element shape cannot be stacked.
-    grad_encoder, grad_predictor = tf.cond(
-        batch > 0, lambda: (grad_encoder.stack(), grad_predictor.stack()),
-        lambda: (tf.zeros_like(encoder), tf.zeros_like(predictor)))
     return costs.stack(), grad_kernel, grad_bias, grad_encoder, grad_predictor
 
 
