@@ -19,7 +19,7 @@ if [[ $what == bench || $what == all ]]; then
 fi
 if [[ $what == sanitize || $what == all ]]; then
   for tool in memcheck racecheck initcheck; do
-    compute-sanitizer --tool $tool --kernel-regex kns=tf_rnnt --error-exitcode 9 \
+    compute-sanitizer --tool $tool --kernel-name kns=tf_rnnt --error-exitcode 9 \
       python3 tests/gpu/sanitizer_case.py > "$OUT/sanitizer_$tool.log" 2>&1
     echo "compute-sanitizer $tool exit=$? : $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -2 | tr '\n' ' ')"
   done
