@@ -284,8 +284,10 @@ def _environment(rows):
                    if r["result"].get("device_name")), None)
     if device is None:
         device = f"CPU ({os.cpu_count()} cores, {platform.processor() or platform.machine()})"
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     return (f"{device}; TensorFlow {tf.__version__}; Python {platform.python_version()}; "
-            f"{datetime.date.today().isoformat()}")
+            f"{datetime.date.today().isoformat()}; load average (1/5/15 min) at the last row: "
+            f"{load}")
 
 
 def _write(config, rows, command, out):

@@ -164,6 +164,14 @@ def test_edge_shapes(shape):
     _check_against_oracles(run, problem, _upstream(shape[0], 3))
 
 
+def test_long_label_sequences():
+    """Label lengths around multiples of the recursion's unrolling (8 steps per iteration)."""
+    problem = list(_problem(16, (5, 6, 17, 4, 6)))
+    problem[6] = np.array([17, 16, 8, 9, 1], np.int32)
+    run = make_runner(_samplewise, parallel_iterations=2)
+    _check_against_oracles(run, tuple(problem), _upstream(5, 16))
+
+
 def test_blank_only_vocabulary():
     rng = np.random.default_rng(3)
     problem = (rng.normal(size=(2, 4, 3)), rng.normal(size=(2, 1, 3)), rng.normal(size=(3, 1)),
@@ -213,6 +221,25 @@ def test_later_calls_leave_earlier_gradients_alone(graph_mode):
     problem2 = (problem[0] * 1.5,) + problem[1:]
     for name, g, e in zip(GRAD_NAMES, second, oracle.flash_rnnt_loss(*problem2)[1:]):
         oracle.assert_close(g.numpy(), e, RTOL, err_msg=name)
+
+
+@pytest.mark.parametrize("parallel_iterations", [2, "auto"])
+def test_persistent_tape(parallel_iterations):
+    """A persistent tape differentiates the traced function's saved outputs as well; that must
+    not reach into the loops."""
+    problem = _problem(15)
+    params = [tf.constant(x, tf.float32) for x in problem[:4]]
+    upstream = _upstream(SHAPE[0], 15)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(params)
+        costs = tf_rnnt.samplewise_rnnt_loss(*params, *[tf.constant(x) for x in problem[4:]],
+                                             parallel_iterations=parallel_iterations)
+        weighted = tf.reduce_sum(costs * upstream)
+        mean = tf.reduce_mean(costs)
+    for total, weights in ((weighted, upstream), (mean, np.full(SHAPE[0], 1.0 / SHAPE[0]))):
+        grads = tape.gradient(total, params)
+        expected = oracle.flash_rnnt_loss(*problem, upstream=weights)
+        _compare((costs.numpy(), [g.numpy() for g in grads]), expected)
 
 
 def test_fastemit():

@@ -5,7 +5,9 @@ their gradients run one sample at a time with the sample's padding removed, insi
 one `tf.while_loop` over the batch. Each iteration builds only the
 `[T_b, U_b+1, V]` logits of its own sample, computes that sample's cost and
 gradients on the spot, adds its share of d kernel / d bias to an accumulator and
-stores d encoder[b] / d predictor[b]. The backward pass then only scales these
+writes d encoder[b] / d predictor[b] in place into one buffer per input (a fresh
+`Empty` tensor updated with `InplaceUpdate`; a TensorArray would need a final stack
+that holds the `[B, T, H]` gradient twice). The backward pass then only scales these
 saved gradients, so the memory of the joint/output/loss part depends on the
 longest sample and on `parallel_iterations`, not on the batch size.
 
@@ -47,6 +49,7 @@ PARALLEL_ITERATIONS_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 WORKING_SET_FACTOR = 2
 
 _FLOAT_BYTES = 4
+_UNROLL = 8  # lattice recursion steps per while-loop iteration
 _ACTIVATIONS = ("tanh", "relu", "identity")
 _FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32)
 _INT_DTYPES = (tf.int32, tf.int64)
@@ -122,18 +125,30 @@ def _lattice_gradients(blank_lp, label_lp, fastemit_lambda):
     # One cumulative_logsumexp per step does both: row 0 carries z forward in u, row 1 carries
     # y backward in u with time reversed (so its reverse cumulative sum is a forward one).
     paired_steps = tf.stack([steps, tf.reverse(steps, [0, 1])], 1)  # [U, 2, T]
+    # _UNROLL steps per loop iteration: a loop iteration costs far more executor work than
+    # a step. Zero steps pad U up to a multiple; their columns come after both directions'
+    # real ones and are cut off below.
+    # At least one block: an empty TensorArray with an unknown T cannot be stacked.
+    num_blocks = tf.maximum((num_labels + _UNROLL - 1) // _UNROLL, 1)
+    blocks = tf.reshape(
+        tf.pad(paired_steps, [[0, num_blocks * _UNROLL - num_labels], [0, 0], [0, 0]]),
+        [num_blocks, _UNROLL, 2, num_frames])
     first = tf.stack([tf.zeros([num_frames], f64),
                       tf.fill([num_frames], tf.reduce_sum(blank[:, -1]))])
-    columns = tf.TensorArray(f64, size=num_labels + 1, element_shape=[2, None]).write(0, first)
+    columns = tf.TensorArray(f64, size=num_blocks, element_shape=[_UNROLL, 2, None])
 
-    def body(u, state, columns):
-        state = tf.math.cumulative_logsumexp(state + paired_steps[u], axis=1)
-        return u + 1, state, columns.write(u + 1, state)
+    def body(block, state, columns):
+        states = []
+        for step in tf.unstack(blocks[block], num=_UNROLL):
+            state = tf.math.cumulative_logsumexp(state + step, axis=1)
+            states.append(state)
+        return block + 1, state, columns.write(block, tf.stack(states))
 
-    _, _, columns = tf.while_loop(lambda u, *_: u < num_labels, body,
+    _, _, columns = tf.while_loop(lambda block, *_: block < num_blocks, body,
                                   (tf.constant(0), first, columns), parallel_iterations=2,
                                   name="lattice_recursion")
-    columns = columns.stack()  # [U+1, 2, T]: z column u, y column U-u time-reversed
+    columns = tf.concat([first[None], tf.reshape(columns.stack(), [-1, 2, num_frames])], 0)
+    columns = columns[:num_labels + 1]  # [U+1, 2, T]: z column u, y column U-u time-reversed
     alpha = tf.transpose(columns[:, 0]) + blank_prefix
     beta = tf.transpose(tf.reverse(columns[:, 1], [0, 1])) - blank_prefix
     log_likelihood = alpha[-1, -1] + blank[-1, -1]
@@ -297,7 +312,9 @@ def _run_loop(config, tensors, weights=None):
                                    tf.shape(kernel)[1], memory_budget)
         outputs = tf.switch_case(index, [loop(p) for p in PARALLEL_ITERATIONS_CHOICES],
                                  name="samplewise_parallel_iterations")
-    return outputs
+    # Autodiff must never walk into the loops (the custom gradient replaces them): a
+    # persistent tape differentiates a tf.function's saved outputs too.
+    return [tf.stop_gradient(x) for x in outputs]
 
 
 @tf.autograph.experimental.do_not_convert
@@ -468,8 +485,12 @@ def samplewise_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths
     `tf.function` the lengths are only known at run time, so all seven loops are built once
     and a `tf.switch_case` runs the chosen one (retracing per bucket would need the lengths
     in Python, i.e. a device-to-host sync and a retrace per bucket, and breaks under
-    `tf.function` with symbolic lengths). Only the chosen branch executes. An int fixes the
-    value and builds a single loop.
+    `tf.function` with symbolic lengths). Only the chosen branch executes; the per-sample
+    work is one shared `tf.function`, so the seven loops cost little to build. An int fixes
+    the value and builds a single loop. The estimate is an upper bound of what P iterations
+    can hold: on a GPU, where kernels are queued ahead, the iterations in flight approach P;
+    on a CPU the executor runs about as many at once as it has inter-op threads, so memory
+    and speed change little beyond P = 4 (see benchmarks/results/samplewise_cpu.md).
 
     The default `memory_budget`, 2 GiB (`DEFAULT_MEMORY_BUDGET`), bounds only this loop's
     working set, on top of the inputs and their gradients. It is the per-sample working set
