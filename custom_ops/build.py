@@ -93,7 +93,8 @@ def build(out, jobs):
                 *include, *gencode, "-c", s, "-o", o])
         add(os.path.join(SRC, "core", "cublas_loader.cc"),
             lambda s, o: [cxx, *base, cuda_include, "-c", s, "-o", o])
-    for f in ("lattice_cpu.cc", "joint_cpu.cc"):
+    core_files = ["lattice_cpu.cc", "joint_cpu.cc"] + ([] if nvcc else ["cuda_unavailable.cc"])
+    for f in core_files:
         add(os.path.join(SRC, "core", f), lambda s, o: [cxx, *core_flags, "-c", s, "-o", o])
     for f in ("ops.cc", "kernels.cc"):
         add(os.path.join(SRC, "tf", f), lambda s, o: [cxx, *glue_flags, *cuda_defs, "-c", s, "-o", o])
@@ -106,7 +107,8 @@ def build(out, jobs):
         libs += ["-L" + os.path.join(cuda_home, "lib64"), "-l:libcudart_static.a", "-lrt"]
     os.makedirs(os.path.dirname(out), exist_ok=True)
     tmp = out + ".tmp"
-    run([cxx, "-shared", "-o", tmp, *objects, *libs, "-Wl,--no-undefined" if False else "-Wl,-O1"])
+    # Every tf_rnnt symbol must resolve inside the library (TensorFlow's come from its own .so).
+    run([cxx, "-shared", "-o", tmp, *objects, *libs, "-Wl,-O1", "-Wl,--no-undefined"])
     os.replace(tmp, out)
     with open(os.path.join(os.path.dirname(out), "_build_info.txt"), "w") as f:
         f.write(f"tensorflow={tf_version}\ncuda={'yes' if nvcc else 'no'}\n")

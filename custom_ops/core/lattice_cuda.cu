@@ -8,60 +8,16 @@ namespace tf_rnnt {
 namespace {
 
 // One block per (sample, direction): the recursion walks anti-diagonals n = t + u, whose nodes
-// depend only on the previous diagonal (eq. 16 for alpha, eq. 18 for beta).
+// depend only on the previous diagonal (eq. 16 for alpha, eq. 18 for beta). With use_shared the
+// previous diagonal is kept in shared memory (2 * U1 floats, double-buffered, one barrier per
+// diagonal), so each step's dependent reads hit shared memory; otherwise (very long label
+// sequences) they are read back from the alphas/betas just written.
 __global__ void alpha_beta_kernel(const float* __restrict__ lattice,
                                   const int32_t* __restrict__ logit_lengths,
                                   const int32_t* __restrict__ label_lengths, int T, int U1,
-                                  float* __restrict__ alphas, float* __restrict__ betas) {
-  const int b = blockIdx.x;
-  const bool is_beta = blockIdx.y == 1;
-  const int T_b = logit_lengths[b];
-  const int U1_b = label_lengths[b] + 1;
-  const int64_t base = static_cast<int64_t>(b) * T * U1;
-  const float* lat = lattice + 2 * base;
-  float* out = (is_beta ? betas : alphas) + base;
-  for (int diag = 0; diag < T_b + U1_b - 1; ++diag) {
-    for (int u = threadIdx.x; u < U1_b; u += blockDim.x) {
-      if (!is_beta) {
-        const int t = diag - u;
-        if (t < 0 || t >= T_b) continue;
-        const int64_t node = static_cast<int64_t>(t) * U1 + u;
-        if (t == 0 && u == 0) {
-          out[0] = 0.f;
-          continue;
-        }
-        const float a_t = t > 0 ? out[node - U1] : kNegInf;
-        const float b_t = t > 0 ? lat[2 * (node - U1)] : 0.f;
-        const float a_u = u > 0 ? out[node - 1] : kNegInf;
-        const float l_u = u > 0 ? lat[2 * (node - 1) + 1] : 0.f;
-        out[node] = alpha_step(a_t, b_t, a_u, l_u);
-      } else {
-        // diag counts back from the final node (T_b - 1, U_b).
-        const int t = (T_b - 1) + (U1_b - 1) - diag - u;
-        if (t < 0 || t >= T_b) continue;
-        const int64_t node = static_cast<int64_t>(t) * U1 + u;
-        const float blank = lat[2 * node];
-        if (t == T_b - 1 && u == U1_b - 1) {
-          out[node] = blank;
-          continue;
-        }
-        const float b_t = t + 1 < T_b ? out[node + U1] : kNegInf;
-        const float b_u = u + 1 < U1_b ? out[node + 1] : kNegInf;
-        out[node] = beta_step(b_t, blank, b_u, lat[2 * node + 1]);
-      }
-    }
-    __syncthreads();
-  }
-}
-
-// The same recursion with the previous diagonal in shared memory (double-buffered, one barrier
-// per diagonal), so the dependent reads of each step hit shared rather than global memory.
-// Needs 2 * U1 floats of shared memory.
-__global__ void alpha_beta_shared_kernel(const float* __restrict__ lattice,
-                                         const int32_t* __restrict__ logit_lengths,
-                                         const int32_t* __restrict__ label_lengths, int T, int U1,
-                                         float* __restrict__ alphas, float* __restrict__ betas) {
-  extern __shared__ float diagonals[];  // [2][U1]
+                                  bool use_shared, float* __restrict__ alphas,
+                                  float* __restrict__ betas) {
+  extern __shared__ float diagonals[];  // [2][U1] when use_shared
   const int b = blockIdx.x;
   const bool is_beta = blockIdx.y == 1;
   const int T_b = logit_lengths[b];
@@ -75,35 +31,33 @@ __global__ void alpha_beta_shared_kernel(const float* __restrict__ lattice,
     float* cur = diagonals + (diag & 1) * U1;
     for (int u = threadIdx.x; u < U1_b; u += blockDim.x) {
       float value = kNegInf;
-      if (!is_beta) {
-        const int t = diag - u;
-        if (t >= 0 && t < T_b) {
-          const int64_t node = static_cast<int64_t>(t) * U1 + u;
+      // Alpha reads its predecessors (t-1, u) and (t, u-1); beta its successors (t+1, u) and
+      // (t, u+1): position u and u -/+ 1 of the previous diagonal.
+      const int t = is_beta ? last - diag - u : diag - u;
+      if (t >= 0 && t < T_b) {
+        const int64_t node = static_cast<int64_t>(t) * U1 + u;
+        if (!is_beta) {
           if (diag == 0) {
             value = 0.f;
           } else {
-            const float from_t = t > 0 ? prev[u] + lat[2 * (node - U1)] : kNegInf;
-            const float from_u = u > 0 ? prev[u - 1] + lat[2 * (node - 1) + 1] : kNegInf;
-            value = log_add(from_t, from_u);  // eq. 16
+            const float a_t = t > 0 ? (use_shared ? prev[u] : out[node - U1]) : kNegInf;
+            const float a_u = u > 0 ? (use_shared ? prev[u - 1] : out[node - 1]) : kNegInf;
+            value = alpha_step(a_t, t > 0 ? lat[2 * (node - U1)] : 0.f, a_u,
+                               u > 0 ? lat[2 * (node - 1) + 1] : 0.f);
           }
-          out[node] = value;
-        }
-      } else {
-        const int t = last - diag - u;  // diag counts back from (T_b - 1, U_b)
-        if (t >= 0 && t < T_b) {
-          const int64_t node = static_cast<int64_t>(t) * U1 + u;
+        } else {
           const float blank = lat[2 * node];
           if (diag == 0) {
             value = blank;
           } else {
-            const float from_t = t + 1 < T_b ? prev[u] + blank : kNegInf;
-            const float from_u = u + 1 < U1_b ? prev[u + 1] + lat[2 * node + 1] : kNegInf;
-            value = log_add(from_t, from_u);  // eq. 18
+            const float b_t = t + 1 < T_b ? (use_shared ? prev[u] : out[node + U1]) : kNegInf;
+            const float b_u = u + 1 < U1_b ? (use_shared ? prev[u + 1] : out[node + 1]) : kNegInf;
+            value = beta_step(b_t, blank, b_u, lat[2 * node + 1]);
           }
-          out[node] = value;
         }
+        out[node] = value;
       }
-      cur[u] = value;
+      if (use_shared) cur[u] = value;
     }
     __syncthreads();
   }
@@ -204,13 +158,9 @@ Status lattice_loss_cuda(const float* lattice, const int32_t* logit_lengths,
   auto s = static_cast<cudaStream_t>(stream);
   const int threads = U1 >= 1024 ? 1024 : ((U1 + 31) / 32) * 32;
   const size_t shared = 2 * sizeof(float) * static_cast<size_t>(U1);
-  if (shared <= 48 * 1024) {
-    alpha_beta_shared_kernel<<<dim3(B, 2), threads, shared, s>>>(
-        lattice, logit_lengths, label_lengths, T, U1, alphas, betas);
-  } else {  // very long label sequences: the previous diagonal is read from global memory
-    alpha_beta_kernel<<<dim3(B, 2), threads, 0, s>>>(lattice, logit_lengths, label_lengths, T, U1,
-                                                     alphas, betas);
-  }
+  const bool use_shared = shared <= 48 * 1024;
+  alpha_beta_kernel<<<dim3(B, 2), threads, use_shared ? shared : 0, s>>>(
+      lattice, logit_lengths, label_lengths, T, U1, use_shared, alphas, betas);
   const int64_t total = static_cast<int64_t>(B) * T * U1;
   lattice_grad_kernel<<<blocks_for(total, 256), 256, 0, s>>>(lattice, logit_lengths, label_lengths,
                                                              B, T, U1, options, alphas, betas,

@@ -413,6 +413,30 @@ Status offsets_on_device(OpKernelContext* ctx, const JointPlan& plan, bool gpu, 
   return s;
 }
 
+// Workspace, packed offsets and the inputs both passes share; false (with the context's status
+// set) on failure. host_lengths_index: the lengths' host copies (used by the CPU kernels).
+template <typename Args>
+bool prepare_joint_args(OpKernelContext* ctx, const JointPlan& plan, const JointAttrs& attrs,
+                        bool gpu, bool backward, int host_lengths_index, Tensor* workspace,
+                        Tensor* offsets, Args* a) {
+  int64_t tile = plan.tile_nodes(attrs, gpu);
+  if (!plan.allocate_workspace(ctx, attrs, gpu, backward, &tile, workspace)) return false;
+  const Status s = offsets_on_device(ctx, plan, gpu, 5, offsets, &a->node_offsets);
+  TF_RNNT_REQUIRE(ctx, s.ok(), false, to_tf_status(s, "joint_lattice"));
+  const int lengths_index = gpu ? 5 : host_lengths_index;
+  a->logit_lengths = ctx->input(lengths_index).flat<int32_t>().data();
+  a->label_lengths = ctx->input(lengths_index + 1).flat<int32_t>().data();
+  a->encoder = ctx->input(0).tensor_data().data();
+  a->predictor = ctx->input(1).tensor_data().data();
+  a->kernel = ctx->input(2).tensor_data().data();
+  a->bias = ctx->input(3).tensor_data().data();
+  a->labels = ctx->input(4).flat<int32_t>().data();
+  a->num_nodes = plan.num_nodes;
+  a->tile_nodes = tile;
+  a->workspace = const_cast<char*>(workspace->tensor_data().data());
+  return true;
+}
+
 template <bool kGpu>
 class JointLatticeOp : public OpKernel {
  public:
@@ -436,25 +460,9 @@ class JointLatticeOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
                             3, TensorShape({kept, joint_logits_width(s, kGpu)}), &saved_logits));
     if (s.B == 0) return;
-    int64_t tile = plan.tile_nodes(attrs_, kGpu);
-    Tensor workspace;
-    if (!plan.allocate_workspace(ctx, attrs_, kGpu, false, &tile, &workspace)) return;
-    Tensor offsets_tensor;
+    Tensor workspace, offsets;
     JointForwardArgs a;
-    OP_REQUIRES_OK(ctx, to_tf_status(offsets_on_device(ctx, plan, kGpu, 5, &offsets_tensor,
-                                                       &a.node_offsets),
-                                     "joint_lattice"));
-    const int lengths_index = kGpu ? 5 : 8;
-    a.logit_lengths = ctx->input(lengths_index).flat<int32_t>().data();
-    a.label_lengths = ctx->input(lengths_index + 1).flat<int32_t>().data();
-    a.encoder = ctx->input(0).tensor_data().data();
-    a.predictor = ctx->input(1).tensor_data().data();
-    a.kernel = ctx->input(2).tensor_data().data();
-    a.bias = ctx->input(3).tensor_data().data();
-    a.labels = ctx->input(4).flat<int32_t>().data();
-    a.num_nodes = N;
-    a.tile_nodes = tile;
-    a.workspace = const_cast<char*>(workspace.tensor_data().data());
+    if (!prepare_joint_args(ctx, plan, attrs_, kGpu, false, 8, &workspace, &offsets, &a)) return;
     a.lattice = lattice->flat<float>().data();
     a.lse = lse->flat<float>().data();
     a.saved_hidden = attrs_.untiled ? const_cast<char*>(saved_hidden->tensor_data().data()) : nullptr;
@@ -525,25 +533,9 @@ class JointLatticeGradOp : public OpKernel {
       }
       saved_logits_ptr = saved_logits.flat<float>().data();
     }
-    int64_t tile = plan.tile_nodes(attrs_, kGpu);
-    Tensor workspace;
-    if (!plan.allocate_workspace(ctx, attrs_, kGpu, true, &tile, &workspace)) return;
-    Tensor offsets_tensor;
+    Tensor workspace, offsets;
     JointBackwardArgs a;
-    OP_REQUIRES_OK(ctx, to_tf_status(offsets_on_device(ctx, plan, kGpu, 5, &offsets_tensor,
-                                                       &a.node_offsets),
-                                     "joint_lattice gradient"));
-    const int lengths_index = kGpu ? 5 : 7;
-    a.logit_lengths = ctx->input(lengths_index).flat<int32_t>().data();
-    a.label_lengths = ctx->input(lengths_index + 1).flat<int32_t>().data();
-    a.encoder = ctx->input(0).tensor_data().data();
-    a.predictor = ctx->input(1).tensor_data().data();
-    a.kernel = ctx->input(2).tensor_data().data();
-    a.bias = ctx->input(3).tensor_data().data();
-    a.labels = ctx->input(4).flat<int32_t>().data();
-    a.num_nodes = N;
-    a.tile_nodes = tile;
-    a.workspace = const_cast<char*>(workspace.tensor_data().data());
+    if (!prepare_joint_args(ctx, plan, attrs_, kGpu, true, 7, &workspace, &offsets, &a)) return;
     a.lse = ctx->input(9).flat<float>().data();
     a.d_lattice = ctx->input(10).flat<float>().data();
     a.saved_hidden = attrs_.untiled ? ctx->input(11).tensor_data().data() : nullptr;
