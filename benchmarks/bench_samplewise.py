@@ -180,9 +180,8 @@ def _child(config, setting):
     if setting not in ("reference", "flash"):
         result["auto_choice"] = int(samplewise.auto_parallel_iterations(
             logit_lengths, label_lengths, hidden, vocab, config["memory_budget"]))
-        nodes = int(np.max(logit_lengths.numpy() * (label_lengths.numpy() + 1)))
-        result["working_set_bytes"] = (samplewise.WORKING_SET_FACTOR * 4 * nodes
-                                       * (hidden + vocab))
+        result["working_set_bytes"] = float(samplewise.sample_working_set_bytes(
+            logit_lengths, label_lengths, hidden, vocab))
     memory_device = device[1:]
     with tf.device(device):
         step.get_concrete_function(*params)  # trace outside the timed/measured region

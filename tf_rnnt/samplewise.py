@@ -35,8 +35,8 @@ import numbers
 
 import tensorflow as tf
 
-__all__ = ["samplewise_rnnt_loss", "auto_parallel_iterations", "DEFAULT_MEMORY_BUDGET",
-           "PARALLEL_ITERATIONS_CHOICES", "WORKING_SET_FACTOR"]
+__all__ = ["samplewise_rnnt_loss", "auto_parallel_iterations", "sample_working_set_bytes",
+           "DEFAULT_MEMORY_BUDGET", "PARALLEL_ITERATIONS_CHOICES"]
 
 # Default working-set budget of the joint/output/loss part for parallel_iterations="auto".
 DEFAULT_MEMORY_BUDGET = 2 * 1024 ** 3
@@ -44,9 +44,11 @@ DEFAULT_MEMORY_BUDGET = 2 * 1024 ** 3
 # The prebuilt loops "auto" chooses among.
 PARALLEL_ITERATIONS_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 
-# Float32 [T_b * (U_b+1), V + H] tensors alive at once at the peak of one iteration:
-# logits/probabilities and their gradient (V wide), joint values and their gradient (H wide).
-WORKING_SET_FACTOR = 2
+# Float32 [T_b * (U_b+1), V] and [T_b * (U_b+1), H] buffers counted per iteration (logits,
+# probabilities, their gradient and temporaries; joint values and their gradient). Measured
+# peaks (TensorFlow's allocator, CPU, H/V from 1/4 to 4) stay 5-30% below this count.
+_VOCAB_BUFFERS = 3
+_HIDDEN_BUFFERS = 2
 
 _FLOAT_BYTES = 4
 _UNROLL = 8  # lattice recursion steps per while-loop iteration
@@ -55,14 +57,31 @@ _FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32)
 _INT_DTYPES = (tf.int32, tf.int64)
 
 
+def sample_working_set_bytes(logit_lengths, label_lengths, hidden_size, vocab_size):
+    """Estimated peak memory of one loop iteration, for the batch's largest lattice.
+
+    `4 * max_b(T_b * (U_b + 1)) * (3 * V + 2 * H)` bytes: three float32 `[nodes, V]` buffers
+    (logits, probabilities / their gradient, a temporary) and two `[nodes, H]` (joint values
+    and their gradient).
+
+    Returns:
+      float64 scalar tensor (bytes).
+    """
+    nodes = tf.cast(logit_lengths, tf.int64) * (tf.cast(label_lengths, tf.int64) + 1)
+    # An empty batch has no lattice: count one node.
+    max_nodes = tf.cast(tf.maximum(tf.reduce_max(nodes), 1), tf.float64)
+    width = (_VOCAB_BUFFERS * tf.cast(vocab_size, tf.float64)
+             + _HIDDEN_BUFFERS * tf.cast(hidden_size, tf.float64))
+    return _FLOAT_BYTES * max_nodes * width
+
+
 def auto_parallel_iterations(logit_lengths, label_lengths, hidden_size, vocab_size,
                              memory_budget=None):
     """The `parallel_iterations` that `"auto"` picks for a batch.
 
-    Rule: the per-sample working set is estimated as
-    `WORKING_SET_FACTOR * 4 * max_b(T_b * (U_b + 1)) * (V + H)` bytes, and the choice
-    is the largest P in `PARALLEL_ITERATIONS_CHOICES` with `P * working_set <=
-    memory_budget`; 1 when even one sample exceeds the budget.
+    Rule: with `working_set = sample_working_set_bytes(...) = 4 * max_b(T_b * (U_b + 1)) *
+    (3 * V + 2 * H)` bytes, the choice is the largest P in `PARALLEL_ITERATIONS_CHOICES`
+    with `P * working_set <= memory_budget`; 1 when even one sample exceeds the budget.
 
     Args:
       logit_lengths: `[B]` int, valid frames per sample.
@@ -81,11 +100,8 @@ def auto_parallel_iterations(logit_lengths, label_lengths, hidden_size, vocab_si
 
 def _auto_branch_index(logit_lengths, label_lengths, hidden_size, vocab_size, memory_budget):
     budget = float(DEFAULT_MEMORY_BUDGET if memory_budget is None else memory_budget)
-    nodes = tf.cast(logit_lengths, tf.int64) * (tf.cast(label_lengths, tf.int64) + 1)
-    # An empty batch has no lattice: treat it as one node.
-    max_nodes = tf.maximum(tf.reduce_max(nodes), 1)
-    width = tf.cast(hidden_size, tf.float64) + tf.cast(vocab_size, tf.float64)
-    working_set = WORKING_SET_FACTOR * _FLOAT_BYTES * tf.cast(max_nodes, tf.float64) * width
+    working_set = sample_working_set_bytes(logit_lengths, label_lengths, hidden_size,
+                                           vocab_size)
     fits = [tf.cast(p * working_set <= budget, tf.int32) for p in PARALLEL_ITERATIONS_CHOICES[1:]]
     # The choices double, so the number of choices above 1 that fit is the index.
     return tf.add_n(fits)
@@ -93,10 +109,12 @@ def _auto_branch_index(logit_lengths, label_lengths, hidden_size, vocab_size, me
 
 def _activation_and_grad(activation):
     """(act, d act / d pre as a function of act's output)."""
+    # The fused gradient kernels avoid [N, H] temporaries.
     if activation == "tanh":
-        return tf.tanh, lambda hidden, grad: grad * (1.0 - tf.square(hidden))
+        return tf.tanh, lambda hidden, grad: tf.raw_ops.TanhGrad(y=hidden, dy=grad)
     if activation == "relu":
-        return tf.nn.relu, lambda hidden, grad: tf.where(hidden > 0, grad, tf.zeros_like(grad))
+        return tf.nn.relu, lambda hidden, grad: tf.raw_ops.ReluGrad(gradients=grad,
+                                                                    features=hidden)
     return tf.identity, lambda hidden, grad: grad
 
 
@@ -178,14 +196,17 @@ def _sample_gradients(encoder_b, predictor_b, labels_b, kernel, bias, blank, act
     num_nodes = num_frames * num_states
     hidden = act(tf.reshape(encoder_b[:, None, :] + predictor_b[None, :, :],
                             [num_nodes, hidden_size]))
-    log_probs = tf.nn.log_softmax(tf.matmul(hidden, kernel) + bias)  # [N, V], n = t * (U+1) + u
+    # [N, V], n = t * (U+1) + u; bias_add lets grappler fuse it into the matmul. The two
+    # log-probabilities per node are picked from the logits: no [N, V] log_softmax.
+    logits = tf.nn.bias_add(tf.matmul(hidden, kernel), bias)
+    log_norm = tf.reduce_logsumexp(logits, axis=1)
     # The label of node (t, u) is y_{u+1}; u = U_b has none, blank stands in (its gradient is 0).
     node_labels = tf.tile(tf.concat([labels_b, [blank]], 0), [num_frames])
     node_index = tf.range(num_nodes)
     blank_index = tf.stack([node_index, tf.fill([num_nodes], blank)], 1)
     label_index = tf.stack([node_index, node_labels], 1)
-    blank_lp = tf.reshape(tf.gather_nd(log_probs, blank_index), [num_frames, num_states])
-    label_lp = tf.reshape(tf.gather_nd(log_probs, label_index), [num_frames, num_states])
+    blank_lp = tf.reshape(tf.gather_nd(logits, blank_index) - log_norm, [num_frames, num_states])
+    label_lp = tf.reshape(tf.gather_nd(logits, label_index) - log_norm, [num_frames, num_states])
 
     cost, grad_blank, grad_label = _lattice_gradients(blank_lp, label_lp, fastemit_lambda)
     if weight is not None:
@@ -193,8 +214,11 @@ def _sample_gradients(encoder_b, predictor_b, labels_b, kernel, bias, blank, act
         grad_label *= weight
     grad_blank = tf.reshape(grad_blank, [-1])
     grad_label = tf.reshape(grad_label, [-1])
-    # d log_softmax_k / d logits = onehot_k - softmax.
-    grad_logits = tf.exp(log_probs) * -(grad_blank + grad_label)[:, None]
+    # d log_softmax_k / d logits = onehot_k - softmax. After the picks, this is the logits'
+    # last reader and may reuse their buffer; so may the product and the scatter.
+    with tf.control_dependencies([blank_lp, label_lp]):
+        probs = tf.exp(logits - log_norm[:, None])
+    grad_logits = probs * -(grad_blank + grad_label)[:, None]
     grad_logits = tf.tensor_scatter_nd_add(grad_logits, tf.concat([blank_index, label_index], 0),
                                            tf.concat([grad_blank, grad_label], 0))
     grad_kernel = tf.matmul(hidden, grad_logits, transpose_a=True)
@@ -477,11 +501,11 @@ def samplewise_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths
     more means more overlap of the per-sample work and more memory (each iteration in flight
     holds its own `[T_b, U_b+1, V]` logits and gradients). With `"auto"` it is chosen at run
     time from the batch: the per-sample working set is estimated as
-    `WORKING_SET_FACTOR (2) * 4 bytes * max_b(T_b * (U_b+1)) * (V + H)` (logits or
-    probabilities and their gradient, joint values and their gradient, float32), and the
-    choice is the largest P in `(1, 2, 4, 8, 16, 32, 64)` with `P * working_set <=
-    memory_budget` (1 when one sample alone exceeds it); `auto_parallel_iterations` returns
-    it. TensorFlow fixes a while loop's parallel_iterations when the loop is built, and in a
+    `4 bytes * max_b(T_b * (U_b+1)) * (3 * V + 2 * H)` (`sample_working_set_bytes`: float32
+    logits, probabilities or their gradient and a temporary; joint values and their
+    gradient; measured peaks stay 5-30% below it), and the choice is the largest P in
+    `(1, 2, 4, 8, 16, 32, 64)` with `P * working_set <= memory_budget` (1 when one sample
+    alone exceeds it); `auto_parallel_iterations` returns it. TensorFlow fixes a while loop's parallel_iterations when the loop is built, and in a
     `tf.function` the lengths are only known at run time, so all seven loops are built once
     and a `tf.switch_case` runs the chosen one (retracing per bucket would need the lengths
     in Python, i.e. a device-to-host sync and a retrace per bucket, and breaks under
@@ -493,11 +517,11 @@ def samplewise_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths
     and speed change little beyond P = 4 (see benchmarks/results/samplewise_cpu.md).
 
     The default `memory_budget`, 2 GiB (`DEFAULT_MEMORY_BUDGET`), bounds only this loop's
-    working set, on top of the inputs and their gradients. It is the per-sample working set
-    of the paper's long-utterance setting (T=1000, U=150, H=640, V=1024: 2.0 GB), which
-    therefore runs one sample at a time, keeping the whole loss within the paper's 6 GB;
-    short batches (e.g. T=200, U=30: 82 MB per sample) get 16 samples at once, enough to
-    keep a GPU busy. Raise it when memory is plentiful.
+    working set, on top of the inputs and their gradients. At the paper's long-utterance
+    setting (T=1000, U=150, H=640, V=1024: 2.6 GB estimated, about 2 GB measured per
+    sample) it runs one sample at a time, which with the 3 GB of input gradients keeps the
+    whole loss near the paper's 6 GB; short batches (e.g. T=200, U=30: 108 MB per sample)
+    get 16 samples at once, enough to keep a GPU busy. Raise it when memory is plentiful.
 
     Eager calls run the loop inside a `tf.function` (one per configuration), because an
     eager `tf.while_loop` is a Python loop that ignores parallel_iterations.
