@@ -1,0 +1,346 @@
+"""A streaming RNN-T: causal conv-subsampling + LSTM encoder, LSTM predictor, `RNNTJoint`.
+
+Everything the encoder computes for frame t depends on features up to t only, so running it
+chunk by chunk (`StreamingEncoder.stream`, with its carried state) gives the same frames as
+running it on the whole utterance: the causal convolutions carry their left context, the LSTMs
+their (h, c).
+"""
+
+import dataclasses
+
+import keras
+import tensorflow as tf
+
+from tf_rnnt.keras import FlashRNNTLoss, RNNTJoint
+
+SUBSAMPLING = 4  # two stride-2 convolutions in time
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 29
+    num_mel_bins: int = 40
+    conv_channels: int = 32
+    encoder_dim: int = 256
+    encoder_layers: int = 2
+    embedding_dim: int = 64
+    predictor_dim: int = 160
+    joint_dim: int = 192
+    dropout: float = 0.1
+    predictor: str = "stateless"  # or "lstm"
+    fastemit_lambda: float = 0.0
+
+
+LARGE = dict(conv_channels=64, encoder_dim=512, encoder_layers=4, embedding_dim=128,
+             predictor_dim=320, joint_dim=320, dropout=0.15)
+
+
+@keras.saving.register_keras_serializable(package="tf_rnnt_speech")
+class StreamingEncoder(keras.layers.Layer):
+    """Causal encoder: `[B, T, F]` log-mel features -> `[B, T // 4, encoder_dim]` frames.
+
+    Features are normalized with fixed per-bin statistics (`feature_mean`, `feature_std`, not
+    trained: a per-utterance normalization would look into the future), then two 3x3
+    convolutions with stride 2 in time and frequency. In time they are causal: output j of a
+    convolution reads inputs 2j - 1, 2j, 2j + 1 (input -1 is the carried context, zeros at the
+    start), so its receptive field ends at the frame it is emitted for. Then `encoder_layers`
+    unidirectional LSTMs.
+
+    Call: `encoder([features, feature_lengths])`; the output's Keras mask marks the
+    `feature_lengths // 4` valid frames (the RNNTJoint reads the frame lengths from it).
+    """
+
+    def __init__(self, num_mel_bins=40, conv_channels=32, encoder_dim=256, encoder_layers=2,
+                 dropout=0.1, **kwargs):
+        super().__init__(**kwargs)
+        self.num_mel_bins = num_mel_bins
+        self.conv_channels = conv_channels
+        self.encoder_dim = encoder_dim
+        self.encoder_layers = encoder_layers
+        self.dropout = dropout
+        self.conv1 = keras.layers.Conv2D(conv_channels, 3, strides=2, activation="relu",
+                                         name="conv1")
+        self.conv2 = keras.layers.Conv2D(conv_channels, 3, strides=2, activation="relu",
+                                         name="conv2")
+        self.input_projection = keras.layers.Dense(encoder_dim, name="input_projection")
+        self.lstms = [keras.layers.LSTM(encoder_dim, return_sequences=True, return_state=True,
+                                        name=f"lstm{i}") for i in range(encoder_layers)]
+        self.dropouts = [keras.layers.Dropout(dropout) for _ in range(encoder_layers)]
+
+    def build(self, input_shape):
+        bins = self.num_mel_bins
+        self.feature_mean = self.add_weight(name="feature_mean", shape=(bins,),
+                                            initializer="zeros", trainable=False)
+        self.feature_std = self.add_weight(name="feature_std", shape=(bins,),
+                                           initializer="ones", trainable=False)
+        self.conv1.build((None, None, bins + 2, 1))
+        bins1 = (bins + 2 - 3) // 2 + 1
+        self.conv2.build((None, None, bins1 + 2, self.conv_channels))
+        self.bins2 = (bins1 + 2 - 3) // 2 + 1
+        self.input_projection.build((None, None, self.bins2 * self.conv_channels))
+        for lstm in self.lstms:
+            lstm.build((None, None, self.encoder_dim))
+        self.built = True
+
+    def set_feature_statistics(self, mean, std):
+        self.feature_mean.assign(mean)
+        self.feature_std.assign(std)
+
+    # -- state ---------------------------------------------------------------------------------
+    def state_shapes(self):
+        """Per-sample shapes of the streaming state tensors."""
+        bins1 = (self.num_mel_bins + 2 - 3) // 2 + 1
+        shapes = [(1, self.num_mel_bins, 1), (1, bins1, self.conv_channels)]
+        shapes += [(self.encoder_dim,)] * (2 * self.encoder_layers)
+        return shapes
+
+    def state_size(self):
+        size = 0
+        for shape in self.state_shapes():
+            n = 1
+            for d in shape:
+                n *= d
+            size += n
+        return size
+
+    def initial_state(self, batch_size):
+        return [tf.zeros((batch_size,) + s) for s in self.state_shapes()]
+
+    def flatten_state(self, state):
+        batch = tf.shape(state[0])[0]
+        return tf.concat([tf.reshape(s, [batch, -1]) for s in state], axis=1)
+
+    def unflatten_state(self, flat):
+        batch = tf.shape(flat)[0]
+        out, offset = [], 0
+        for shape in self.state_shapes():
+            n = 1
+            for d in shape:
+                n *= d
+            out.append(tf.reshape(flat[:, offset:offset + n], tf.concat([[batch], shape], 0)))
+            offset += n
+        return out
+
+    # -- compute -------------------------------------------------------------------------------
+    @staticmethod
+    def _causal_conv(conv, x, context):
+        # x [B, T, F, C]; context [B, 1, F, C] is the frame before x. Valid stride-2
+        # convolution over the T + 1 frames -> T // 2 frames. Two zero frames on the right keep
+        # chunks shorter than the kernel well-defined; the outputs that read them are cut off.
+        x = tf.concat([context, x], axis=1)
+        new_context = x[:, -1:]
+        num_out = (tf.shape(x)[1] - 1) // 2
+        x = tf.pad(x, [[0, 0], [0, 2], [1, 1], [0, 0]])  # frequency padded on both sides
+        return conv(x)[:, :num_out], new_context
+
+    def stream(self, features, state, training=False):
+        """Encodes a chunk: `[B, T, F]` features (T a multiple of 4 for exact streaming) and the
+        state from the previous chunk -> (`[B, T // 4, encoder_dim]` frames, new state)."""
+        features = tf.convert_to_tensor(features, tf.float32)
+        x = (features - self.feature_mean) / self.feature_std
+        x = x[..., None]
+        x, ctx1 = self._causal_conv(self.conv1, x, state[0])
+        x, ctx2 = self._causal_conv(self.conv2, x, state[1])
+        shape = tf.shape(x)
+        x = tf.reshape(x, [shape[0], shape[1], self.bins2 * self.conv_channels])
+        x = self.input_projection(x)
+        new_state = [ctx1, ctx2]
+        # A chunk too short for one output frame leaves the LSTM states as they were (the LSTM
+        # is run on one zero frame, whose output and state are dropped).
+        num_frames = tf.shape(x)[1]
+        has_frames = num_frames > 0
+        x = tf.pad(x, [[0, 0], [0, tf.maximum(1 - num_frames, 0)], [0, 0]])
+        for i, (lstm, dropout) in enumerate(zip(self.lstms, self.dropouts)):
+            h0, c0 = state[2 + 2 * i], state[3 + 2 * i]
+            x, h, c = lstm(x, initial_state=[h0, c0], training=training)
+            x = dropout(x, training=training)
+            new_state += [tf.where(has_frames, h, h0), tf.where(has_frames, c, c0)]
+        return x[:, :num_frames], new_state
+
+    def call(self, inputs, training=False):
+        features, _ = inputs
+        frames, _ = self.stream(features, self.initial_state(tf.shape(features)[0]),
+                                training=training)
+        return frames
+
+    def compute_mask(self, inputs, previous_mask=None):
+        features, feature_lengths = inputs
+        if isinstance(features, keras.KerasTensor):  # functional model construction
+            return keras.KerasTensor(self.compute_output_shape(
+                [features.shape, feature_lengths.shape])[:2], dtype="bool")
+        num_frames = tf.shape(features)[1] // 2 // 2
+        return tf.sequence_mask(output_lengths(feature_lengths), num_frames)
+
+    def compute_output_shape(self, input_shape):
+        features_shape = input_shape[0]
+        t = features_shape[1]
+        return (features_shape[0], None if t is None else t // 2 // 2, self.encoder_dim)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(num_mel_bins=self.num_mel_bins, conv_channels=self.conv_channels,
+                      encoder_dim=self.encoder_dim, encoder_layers=self.encoder_layers,
+                      dropout=self.dropout)
+        return config
+
+
+def output_lengths(feature_lengths):
+    """Encoder frames for `feature_lengths` feature frames (floor division by 4)."""
+    return tf.cast(feature_lengths, tf.int32) // 2 // 2
+
+
+@keras.saving.register_keras_serializable(package="tf_rnnt_speech")
+class Predictor(keras.layers.Layer):
+    """LSTM prediction network over blank-prefixed labels.
+
+    Call: `predictor(labels)` with `[B, U]` labels padded with negative ids -> `[B, U+1, D]`:
+    step 0 sees the blank (the start symbol), step u the label u.
+    """
+
+    def __init__(self, vocab_size, embedding_dim=64, predictor_dim=160, blank=0, dropout=0.1,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.vocab_size = vocab_size
+        self.embedding_dim = embedding_dim
+        self.predictor_dim = predictor_dim
+        self.blank = blank
+        self.dropout = dropout
+        self.embedding = keras.layers.Embedding(vocab_size, embedding_dim, name="embedding")
+        self.lstm = keras.layers.LSTM(predictor_dim, return_sequences=True, return_state=True,
+                                      name="lstm")
+        self.drop = keras.layers.Dropout(dropout)
+
+    def build(self, input_shape):
+        self.embedding.build((None, None))
+        self.lstm.build((None, None, self.embedding_dim))
+        self.built = True
+
+    def call(self, labels, training=False):
+        labels = tf.cast(labels, tf.int32)
+        labels = tf.where(labels < 0, self.blank, labels)
+        tokens = tf.pad(labels, [[0, 0], [1, 0]], constant_values=self.blank)
+        out, _, _ = self.lstm(self.embedding(tokens), training=training)
+        return self.drop(out, training=training)
+
+    def compute_mask(self, inputs, previous_mask=None):
+        return None
+
+    def compute_output_shape(self, input_shape):
+        u = input_shape[1]
+        return (input_shape[0], None if u is None else u + 1, self.predictor_dim)
+
+    def initial_state(self, batch_size):
+        zeros = tf.zeros([batch_size, self.predictor_dim])
+        return [zeros, zeros]
+
+    def state_specs(self):
+        """(width, dtype) of each state tensor: `[B, width]`."""
+        return [(self.predictor_dim, tf.float32), (self.predictor_dim, tf.float32)]
+
+    def step(self, tokens, state):
+        """One step: `[B]` token ids and `[h, c]` -> (`[B, D]` output, new `[h, c]`)."""
+        out, h, c = self.lstm(self.embedding(tokens[:, None]), initial_state=state)
+        return out[:, 0], [h, c]
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(vocab_size=self.vocab_size, embedding_dim=self.embedding_dim,
+                      predictor_dim=self.predictor_dim, blank=self.blank, dropout=self.dropout)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="tf_rnnt_speech")
+class StatelessPredictor(keras.layers.Layer):
+    """Stateless prediction network (Ghodsi et al. 2020): the output for a step depends on the
+    current and the previous token only (embeddings of both, one tanh layer).
+
+    Same interface as `Predictor`; its streaming state is the previous token (`[B]` int32).
+    With a few hundred utterances it cannot memorize whole transcripts, so the encoder has to
+    do the recognizing, and greedy decoding needs no recurrent step.
+    """
+
+    def __init__(self, vocab_size, embedding_dim=64, predictor_dim=160, blank=0, dropout=0.1,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.vocab_size = vocab_size
+        self.embedding_dim = embedding_dim
+        self.predictor_dim = predictor_dim
+        self.blank = blank
+        self.dropout = dropout
+        self.current = keras.layers.Embedding(vocab_size, embedding_dim, name="current")
+        self.previous = keras.layers.Embedding(vocab_size, embedding_dim, name="previous")
+        self.dense = keras.layers.Dense(predictor_dim, activation="tanh", name="dense")
+        self.drop = keras.layers.Dropout(dropout)
+
+    def build(self, input_shape):
+        self.current.build((None, None))
+        self.previous.build((None, None))
+        self.dense.build((None, None, 2 * self.embedding_dim))
+        self.built = True
+
+    def _output(self, tokens, previous, training=False):
+        x = tf.concat([self.current(tokens), self.previous(previous)], axis=-1)
+        return self.drop(self.dense(x), training=training)
+
+    def call(self, labels, training=False):
+        labels = tf.cast(labels, tf.int32)
+        labels = tf.where(labels < 0, self.blank, labels)
+        tokens = tf.pad(labels, [[0, 0], [1, 0]], constant_values=self.blank)
+        previous = tf.pad(tokens[:, :-1], [[0, 0], [1, 0]], constant_values=self.blank)
+        return self._output(tokens, previous, training)
+
+    def compute_mask(self, inputs, previous_mask=None):
+        return None
+
+    def compute_output_shape(self, input_shape):
+        u = input_shape[1]
+        return (input_shape[0], None if u is None else u + 1, self.predictor_dim)
+
+    def initial_state(self, batch_size):
+        return [tf.fill([batch_size], self.blank)]
+
+    def state_specs(self):
+        return [(None, tf.int32)]
+
+    def step(self, tokens, state):
+        """One step: `[B]` token ids and `[previous token]` -> (`[B, D]`, `[tokens]`)."""
+        tokens = tf.cast(tokens, tf.int32)
+        return self._output(tokens, state[0]), [tokens]
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(vocab_size=self.vocab_size, embedding_dim=self.embedding_dim,
+                      predictor_dim=self.predictor_dim, blank=self.blank, dropout=self.dropout)
+        return config
+
+
+def build_model(config=ModelConfig(), learning_rate=1e-3, steps=None):
+    """The training model: `{"features", "feature_lengths", "labels"}` -> lattice, compiled
+    with `FlashRNNTLoss`."""
+    features = keras.Input((None, config.num_mel_bins), name="features")
+    feature_lengths = keras.Input((), dtype="int32", name="feature_lengths")
+    labels = keras.Input((None,), dtype="int32", name="labels")
+    encoder = StreamingEncoder(config.num_mel_bins, config.conv_channels, config.encoder_dim,
+                               config.encoder_layers, config.dropout, name="encoder")
+    predictor_class = StatelessPredictor if config.predictor == "stateless" else Predictor
+    predictor = predictor_class(config.vocab_size, config.embedding_dim, config.predictor_dim,
+                                dropout=config.dropout, name="predictor")
+    joint = RNNTJoint(config.vocab_size, config.joint_dim, name="joint")
+    frames = encoder([features, feature_lengths])
+    lattice = joint([frames, predictor(labels), labels])
+    model = keras.Model({"features": features, "feature_lengths": feature_lengths,
+                         "labels": labels}, lattice, name="streaming_transducer")
+    if steps:
+        schedule = keras.optimizers.schedules.CosineDecay(
+            0.0, steps, alpha=0.05, warmup_target=learning_rate,
+            warmup_steps=max(1, min(300, steps // 10)))
+    else:
+        schedule = learning_rate
+    model.compile(optimizer=keras.optimizers.Adam(schedule, clipnorm=5.0),
+                  loss=FlashRNNTLoss(fastemit_lambda=config.fastemit_lambda))
+    return model
+
+
+def parts(model):
+    """(encoder, predictor, joint) of a model made by `build_model`."""
+    return model.get_layer("encoder"), model.get_layer("predictor"), model.get_layer("joint")
