@@ -115,10 +115,11 @@ def test_chunked_greedy_equals_whole(random_model, held_out_features):
     whole, _ = decoding.greedy_decode(joint, predictor, frames, [frames.shape[1]],
                                       decoding.initial_decoder_state(predictor, 1))
     state = decoding.initial_decoder_state(predictor, 1)
+    decode = tf.function(lambda f, n, s: decoding.greedy_decode(joint, predictor, f, n, s))
     streamed = []
     for start in range(0, frames.shape[1], 3):
         piece = frames[:, start:start + 3]
-        tokens, state = decoding.greedy_decode(joint, predictor, piece, [piece.shape[1]], state)
+        tokens, state = decode(piece, [piece.shape[1]], state)
         streamed += decoding.tokens_to_lists(tokens)[0]
     assert streamed == decoding.tokens_to_lists(whole)[0] and streamed
 

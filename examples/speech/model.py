@@ -44,7 +44,7 @@ class StreamingEncoder(keras.layers.Layer):
     convolutions with stride 2 in time and frequency. In time they are causal: output j of a
     convolution reads inputs 2j - 1, 2j, 2j + 1 (input -1 is the carried context, zeros at the
     start), so its receptive field ends at the frame it is emitted for. Then `encoder_layers`
-    unidirectional LSTMs.
+    unidirectional LSTMs, with per-frame layer normalization before and after them.
 
     Call: `encoder([features, feature_lengths])`; the output's Keras mask marks the
     `feature_lengths // 4` valid frames (the RNNTJoint reads the frame lengths from it).
@@ -59,10 +59,15 @@ class StreamingEncoder(keras.layers.Layer):
         self.encoder_layers = encoder_layers
         self.dropout = dropout
         self.conv1 = keras.layers.Conv2D(conv_channels, 3, strides=2, activation="relu",
-                                         name="conv1")
+                                         kernel_initializer="he_normal", name="conv1")
         self.conv2 = keras.layers.Conv2D(conv_channels, 3, strides=2, activation="relu",
-                                         name="conv2")
+                                         kernel_initializer="he_normal", name="conv2")
         self.input_projection = keras.layers.Dense(encoder_dim, name="input_projection")
+        # Per-frame normalizations (causal): without them the LSTMs start on inputs of ~0.1
+        # and the encoder's signal is too weak for the joint to learn from it before the
+        # predictor has learned the label prior (a plateau at the prior's loss).
+        self.input_norm = keras.layers.LayerNormalization(name="input_norm")
+        self.output_norm = keras.layers.LayerNormalization(name="output_norm")
         self.lstms = [keras.layers.LSTM(encoder_dim, return_sequences=True, return_state=True,
                                         name=f"lstm{i}") for i in range(encoder_layers)]
         self.dropouts = [keras.layers.Dropout(dropout) for _ in range(encoder_layers)]
@@ -78,6 +83,8 @@ class StreamingEncoder(keras.layers.Layer):
         self.conv2.build((None, None, bins1 + 2, self.conv_channels))
         self.bins2 = (bins1 + 2 - 3) // 2 + 1
         self.input_projection.build((None, None, self.bins2 * self.conv_channels))
+        self.input_norm.build((None, None, self.encoder_dim))
+        self.output_norm.build((None, None, self.encoder_dim))
         for lstm in self.lstms:
             lstm.build((None, None, self.encoder_dim))
         self.built = True
@@ -143,7 +150,7 @@ class StreamingEncoder(keras.layers.Layer):
         x, ctx2 = self._causal_conv(self.conv2, x, state[1])
         shape = tf.shape(x)
         x = tf.reshape(x, [shape[0], shape[1], self.bins2 * self.conv_channels])
-        x = self.input_projection(x)
+        x = self.input_norm(self.input_projection(x))
         new_state = [ctx1, ctx2]
         # A chunk too short for one output frame leaves the LSTM states as they were (the LSTM
         # is run on one zero frame, whose output and state are dropped).
@@ -155,7 +162,7 @@ class StreamingEncoder(keras.layers.Layer):
             x, h, c = lstm(x, initial_state=[h0, c0], training=training)
             x = dropout(x, training=training)
             new_state += [tf.where(has_frames, h, h0), tf.where(has_frames, c, c0)]
-        return x[:, :num_frames], new_state
+        return self.output_norm(x[:, :num_frames]), new_state
 
     def call(self, inputs, training=False):
         features, _ = inputs

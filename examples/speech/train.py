@@ -150,7 +150,7 @@ def parse_args(argv):
     p.add_argument("--no-export", action="store_true")
     p.add_argument("--audio-backend", choices=("auto", "tfio", "core"), default="auto")
     args = p.parse_args(argv)
-    defaults = dict(epochs=60, batch_size=32, learning_rate=2e-3, eval_every=10)
+    defaults = dict(epochs=60, batch_size=32, learning_rate=1e-3, eval_every=10)
     if args.large:
         defaults = dict(epochs=100, batch_size=64, learning_rate=1e-3, eval_every=10)
     for key, value in defaults.items():
