@@ -514,7 +514,7 @@ def samplewise_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths
     the value and builds a single loop. The estimate is an upper bound of what P iterations
     can hold: on a GPU, where kernels are queued ahead, the iterations in flight approach P;
     on a CPU the executor runs about as many at once as it has inter-op threads, so memory
-    and speed change little beyond P = 4 (see benchmarks/results/samplewise_cpu.md).
+    and speed stop changing once P reaches that number (benchmarks/results/samplewise_cpu.md).
 
     The default `memory_budget`, 2 GiB (`DEFAULT_MEMORY_BUDGET`), bounds only this loop's
     working set, on top of the inputs and their gradients. At the paper's long-utterance
