@@ -505,8 +505,9 @@ def samplewise_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths
     logits, probabilities or their gradient and a temporary; joint values and their
     gradient; measured peaks stay 5-30% below it), and the choice is the largest P in
     `(1, 2, 4, 8, 16, 32, 64)` with `P * working_set <= memory_budget` (1 when one sample
-    alone exceeds it); `auto_parallel_iterations` returns it. TensorFlow fixes a while loop's parallel_iterations when the loop is built, and in a
-    `tf.function` the lengths are only known at run time, so all seven loops are built once
+    alone exceeds it); `auto_parallel_iterations` returns it. TensorFlow fixes a while
+    loop's parallel_iterations when the loop is built, and in a `tf.function` the lengths
+    are only known at run time, so all seven loops are built once
     and a `tf.switch_case` runs the chosen one (retracing per bucket would need the lengths
     in Python, i.e. a device-to-host sync and a retrace per bucket, and breaks under
     `tf.function` with symbolic lengths). Only the chosen branch executes; the per-sample
@@ -518,10 +519,11 @@ def samplewise_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths
 
     The default `memory_budget`, 2 GiB (`DEFAULT_MEMORY_BUDGET`), bounds only this loop's
     working set, on top of the inputs and their gradients. At the paper's long-utterance
-    setting (T=1000, U=150, H=640, V=1024: 2.6 GB estimated, about 2 GB measured per
-    sample) it runs one sample at a time, which with the 3 GB of input gradients keeps the
-    whole loss near the paper's 6 GB; short batches (e.g. T=200, U=30: 108 MB per sample)
-    get 16 samples at once, enough to keep a GPU busy. Raise it when memory is plentiful.
+    setting (T=1000, U=150, H=640, V=1024: 2.6 GB estimated per sample, about 2.0 GB from
+    the per-node peak measured on a CPU) it runs one sample at a time, which with the 3 GB
+    of input gradients keeps the whole loss near the paper's 6 GB; short batches (e.g.
+    T=200, U=30: 108 MB per sample) get 16 samples at once. Raise it when memory is
+    plentiful.
 
     Eager calls run the loop inside a `tf.function` (one per configuration), because an
     eager `tf.while_loop` is a Python loop that ignores parallel_iterations.
