@@ -612,6 +612,10 @@ def _bad_values():
     bad_label[long_sample, label_lengths[long_sample] - 1] = vocab
     negative_label = labels.copy()
     negative_label[long_sample, 0] = -1
+    blank_label = labels.copy()
+    blank_label[long_sample, label_lengths[long_sample] - 1] = 0
+    last_blank_label = labels.copy()
+    last_blank_label[long_sample, 0] = vocab - 1
     return [
         (dict(logit_lengths=tf.fill([batch], max_t + 1)), "logit_lengths", True),
         (dict(logit_lengths=tf.zeros([batch], tf.int32)), "logit_lengths", True),
@@ -619,6 +623,8 @@ def _bad_values():
         (dict(label_lengths=tf.fill([batch], -1)), "label_lengths", True),
         (dict(labels=tf.constant(bad_label)), "labels", True),
         (dict(labels=tf.constant(negative_label)), "labels", True),
+        (dict(labels=tf.constant(blank_label)), "labels", True),
+        (dict(labels=tf.constant(last_blank_label), blank=-1), "labels", True),
         # Statically known shapes raise ValueError (tested above); unknown ones at run time.
         (dict(blank=vocab), "blank", False),
         (dict(kernel=tf.zeros([hidden + 1, vocab])), "kernel", False),
@@ -628,7 +634,7 @@ def _bad_values():
     ]
 
 
-@pytest.mark.parametrize("case", range(11))
+@pytest.mark.parametrize("case", range(13))
 def test_bad_values_raise_invalid_argument(case):
     change, name, eager_too = _bad_values()[case]
     args = dict(_valid_tensors(), **change)
@@ -650,7 +656,7 @@ def test_labels_outside_their_length_may_hold_anything():
     problem = list(_problem(13))
     labels, label_lengths = problem[4].copy(), problem[6]
     for b in range(SHAPE[0]):
-        labels[b, label_lengths[b]:] = [-7, 10 ** 6, SHAPE[4]][b % 3]
+        labels[b, label_lengths[b]:] = [-7, 10 ** 6, SHAPE[4], 0][b % 4]  # 0 is blank
     expected = oracle.flash_rnnt_loss(*problem)
     problem[4] = labels
     got = make_runner(_samplewise, parallel_iterations=1)(problem)

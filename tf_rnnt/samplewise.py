@@ -415,13 +415,18 @@ def _validated_values(encoder, predictor, kernel, bias, labels, logit_lengths, l
     ]
     with tf.control_dependencies(checks):
         valid = tf.sequence_mask(label_lengths, max_labels)
+        blank = blank % vocab_size
         bad = valid & ((labels < 0) | (labels >= vocab_size))
         checks.append(tf.debugging.assert_equal(
             tf.reduce_any(bad), False,
             message="labels must be in [0, V) (V = kernel.shape[1]) within label_lengths"))
+        # As the compiled joint ops: a label equal to blank is a malformed transcript.
+        checks.append(tf.debugging.assert_equal(
+            tf.reduce_any(valid & tf.equal(labels, blank)), False,
+            message="labels must not contain the blank index within label_lengths"))
     with tf.control_dependencies(checks):
         return [tf.identity(x) for x in (encoder, predictor, kernel, bias, labels,
-                                         logit_lengths, label_lengths)] + [blank % vocab_size]
+                                         logit_lengths, label_lengths, blank)]
 
 
 @tf.autograph.experimental.do_not_convert
@@ -533,7 +538,8 @@ def samplewise_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths
       predictor: `[B, U+1, H]` float32/float16/bfloat16.
       kernel: `[H, V]` float32/float16/bfloat16.
       bias: `[V]` float32/float16/bfloat16.
-      labels: `[B, U]` int32/int64; entries past `label_lengths` may hold any value.
+      labels: `[B, U]` int32/int64, in `[0, V)` and not blank; entries past
+        `label_lengths` may hold any value.
       logit_lengths: `[B]` int32/int64, valid frames per sample, in `[1, T]`.
       label_lengths: `[B]` int32/int64, valid labels per sample, in `[0, U]`.
       blank: blank index in `[-V, V)`; negative counts from the end.
