@@ -182,11 +182,15 @@ def resample(audio, rate_in, rate_out=SAMPLE_RATE, zero_crossings=16):
     if audio_backend() == "tfio":
         import tensorflow_io as tfio
 
-        num_out = (tf.cast(tf.shape(audio)[0], tf.int64) * rate_out + rate_in - 1) // rate_in
-        out = tfio.audio.resample(audio[:, None], rate_in=rate_in, rate_out=rate_out)[:, 0]
-        # Keep the length rule of the core backend.
-        out = out[:num_out]
-        return tf.pad(out, [[0, num_out - tf.cast(tf.shape(out)[0], tf.int64)]])
+        num_in = tf.cast(tf.shape(audio)[0], tf.int64)
+        num_out = (num_in * rate_out + rate_in - 1) // rate_in
+        # tfio's filter delays its output by 32 samples of the lower rate (measured on tones
+        # for 8-44.1 kHz): pad the input's end, drop that delay, keep the core backend's length.
+        delay = (32 * rate_out + tf.minimum(rate_in, rate_out) // 2) // tf.minimum(rate_in, rate_out)
+        extra = (delay * rate_in + rate_out - 1) // rate_out + 1
+        out = tfio.audio.resample(tf.pad(audio, [[0, extra]])[:, None], rate_in=rate_in,
+                                  rate_out=rate_out)[:, 0]
+        return out[delay:delay + num_out]
     return tf.cond(tf.equal(rate_in, rate_out), lambda: tf.identity(audio),
                    lambda: _sinc_resample(audio, rate_in, rate_out, float(zero_crossings)))
 
