@@ -3,7 +3,9 @@
 // deterministic and no thread writes another's output.
 #include <Eigen/Core>
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "tf_rnnt/dtype_cpu.h"
@@ -150,6 +152,31 @@ struct JointCpu {
 
 int64_t shards(int64_t rows) { return (rows + kRowsPerShard - 1) / kRowsPerShard; }
 
+// Eigen's GEMMs allocate blocking buffers; an exception escaping a thread-pool worker would
+// terminate the process, so workers record it and the launcher returns ResourceExhausted.
+struct WorkerFailure {
+  std::atomic<bool> failed{false};
+  template <typename Fn>
+  std::function<void(int64_t, int64_t)> guard(Fn fn) {
+    return [this, fn](int64_t begin, int64_t end) {
+      if (failed.load()) return;
+      try {
+        fn(begin, end);
+      } catch (...) {
+        failed.store(true);
+      }
+    };
+  }
+  Status status() const {
+    Status s;
+    if (failed.load()) {
+      s.code = StatusCode::kResourceExhausted;
+      s.message = "out of memory in a CPU GEMM";
+    }
+    return s;
+  }
+};
+
 }  // namespace
 
 void joint_node_offsets(const int32_t* logit_lengths, const int32_t* label_lengths, int B,
@@ -167,6 +194,7 @@ Status joint_forward_cpu(const JointShape& shape, const JointForwardArgs& a,
   if (a.num_nodes == 0) return Status();
   const bool untiled = a.saved_logits != nullptr;
   const int64_t tile = untiled ? a.num_nodes : a.tile_nodes;
+  WorkerFailure failure;
   dispatch_dtype(shape.dtype, [&](auto load) {
     using Load = decltype(load);
     JointCpu<Load> joint(shape, a.label_lengths, a.encoder, a.predictor, a.kernel, a.bias, a.labels,
@@ -175,7 +203,7 @@ Status joint_forward_cpu(const JointShape& shape, const JointForwardArgs& a,
     float* logits = untiled ? a.saved_logits : z + tile * H;
     for (int64_t n0 = 0; n0 < a.num_nodes; n0 += tile) {
       const int64_t rows = std::min(tile, a.num_nodes - n0);
-      parallel_for(shards(rows), kRowsPerShard * H * V * 2, [&](int64_t s0, int64_t s1) {
+      parallel_for(shards(rows), kRowsPerShard * H * V * 2, failure.guard([&](int64_t s0, int64_t s1) {
         const int64_t r0 = s0 * kRowsPerShard, r1 = std::min(rows, s1 * kRowsPerShard);
         joint.hidden(n0 + r0, n0 + r1, z + r0 * H);
         joint.logits(r1 - r0, z + r0 * H, logits + (n0 + r0 - (untiled ? 0 : n0)) * V);
@@ -185,10 +213,10 @@ Status joint_forward_cpu(const JointShape& shape, const JointForwardArgs& a,
           auto* saved = static_cast<typename Load::Storage*>(a.saved_hidden);
           for (int64_t i = r0 * H; i < r1 * H; ++i) saved[n0 * H + i] = Load::from_float(z[i]);
         }
-      });
+      }));
     }
   });
-  return Status();
+  return failure.status();
 }
 
 Status joint_backward_cpu(const JointShape& shape, const JointBackwardArgs& a,
@@ -201,6 +229,7 @@ Status joint_backward_cpu(const JointShape& shape, const JointBackwardArgs& a,
   if (a.num_nodes == 0) return Status();
   const bool untiled = a.saved_logits != nullptr;
   const int64_t tile = untiled ? a.num_nodes : a.tile_nodes;
+  WorkerFailure failure;
   dispatch_dtype(shape.dtype, [&](auto load) {
     using Load = decltype(load);
     using Storage = typename Load::Storage;
@@ -216,7 +245,7 @@ Status joint_backward_cpu(const JointShape& shape, const JointBackwardArgs& a,
       float* logits = untiled ? a.saved_logits + n0 * V : tile_logits;
       // Recompute (tiled) or reload (untiled) the tile's joint values and logits, then form
       // d logits in place and d hidden = d logits @ kernel^T.
-      parallel_for(shards(rows), kRowsPerShard * H * V * 6, [&](int64_t s0, int64_t s1) {
+      parallel_for(shards(rows), kRowsPerShard * H * V * 6, failure.guard([&](int64_t s0, int64_t s1) {
         const int64_t r0 = s0 * kRowsPerShard, r1 = std::min(rows, s1 * kRowsPerShard);
         if (untiled) {
           const auto* saved = static_cast<const Storage*>(a.saved_hidden) + (n0 + r0) * H;
@@ -232,18 +261,18 @@ Status joint_backward_cpu(const JointShape& shape, const JointBackwardArgs& a,
         for (int64_t i = r0 * H; i < r1 * H; ++i) {
           dh.data()[i - r0 * H] *= activation_grad(z[i], shape.activation);
         }
-      });
+      }));
       // d kernel += z^T @ d logits and d bias += column sums, sharded over vocabulary columns.
       constexpr int64_t kCols = 64;
       ConstMatrixMap zm(z, rows, H);
       ConstMatrixMap dl(logits, rows, V);
-      parallel_for((V + kCols - 1) / kCols, rows * H * kCols * 2, [&](int64_t c0, int64_t c1) {
+      parallel_for((V + kCols - 1) / kCols, rows * H * kCols * 2, failure.guard([&](int64_t c0, int64_t c1) {
         const int64_t v0 = c0 * kCols, v1 = std::min<int64_t>(V, c1 * kCols);
         d_kernel.middleCols(v0, v1 - v0).noalias() += zm.transpose() * dl.middleCols(v0, v1 - v0);
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t v = v0; v < v1; ++v) a.d_bias[v] += logits[r * V + v];
         }
-      });
+      }));
       // d encoder[b, t] += sum_u d hidden; d predictor[b, u] += sum_t d hidden.
       // Sharded over hidden columns: each thread owns its columns of both outputs.
       constexpr int64_t kHidden = 32;
@@ -263,7 +292,7 @@ Status joint_backward_cpu(const JointShape& shape, const JointBackwardArgs& a,
       });
     }
   });
-  return Status();
+  return failure.status();
 }
 
 size_t joint_workspace_bytes_cpu(const JointShape& shape, int64_t tile_nodes, bool backward,

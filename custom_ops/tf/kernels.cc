@@ -63,6 +63,11 @@ void* gpu_stream(OpKernelContext* ctx) {
 ::tensorflow::Status to_tf_status(const Status& s, const char* op) {
   if (s.ok()) return ::tensorflow::Status();
   if (s.code == StatusCode::kInvalidArgument) return InvalidArgument(op, ": ", s.message);
+  if (s.code == StatusCode::kResourceExhausted) {
+    return ResourceExhausted(op, ": ", s.message,
+                             ". Use mode='tiled' with a smaller tile_size or memory_budget, or a "
+                             "smaller batch.");
+  }
   return Internal(op, ": ", s.message);
 }
 
@@ -455,10 +460,18 @@ class JointLatticeOp : public OpKernel {
     const int64_t kept = attrs_.untiled ? N : 0;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({s.B, s.T, s.U1, 2}), &lattice));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({N}), &lse));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            2, TensorShape({kept, joint_hidden_width(s, kGpu)}), &saved_hidden));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            3, TensorShape({kept, joint_logits_width(s, kGpu)}), &saved_logits));
+    // Untiled mode keeps [N, H] joint values and [N, V] logits: say what to change if they don't fit.
+    for (int i : {2, 3}) {
+      const int64_t width = i == 2 ? joint_hidden_width(s, kGpu) : joint_logits_width(s, kGpu);
+      const auto st = ctx->allocate_output(i, TensorShape({kept, width}),
+                                           i == 2 ? &saved_hidden : &saved_logits);
+      OP_REQUIRES(ctx, st.ok(),
+                  ResourceExhausted("tf_rnnt.joint_lattice (mode='untiled') could not keep the ",
+                                    kept, " x ", width, (i == 2 ? " joint values" : " logits"),
+                                    " of its ", kept, " lattice nodes. Use mode='tiled' (with "
+                                    "tile_size or memory_budget), or a smaller batch. (",
+                                    st.message(), ")"));
+    }
     if (s.B == 0) return;
     Tensor workspace, offsets;
     JointForwardArgs a;
@@ -502,7 +515,7 @@ class JointLatticeGradOp : public OpKernel {
         acc_ptr[i] = acc[i].flat<float>().data();
       }
     }
-    if (s.B == 0) return;
+    // An empty batch still runs the launcher, which zeroes d kernel and d bias.
     OP_REQUIRES(ctx, ctx->input(9).NumElements() == N,
                 InvalidArgument("lse must have ", N, " elements"));
     Tensor saved_logits;

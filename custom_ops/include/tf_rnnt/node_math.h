@@ -73,6 +73,7 @@ struct LseState {
 TF_RNNT_HD LseState lse_init() { return LseState{kNegInf, 0.f}; }
 
 TF_RNNT_HD LseState lse_push(LseState s, float x) {
+  if (x == kNegInf) return s;  // a masked entry adds nothing (and -inf - -inf would be NaN)
   if (x <= s.max) {
     s.sum += expf(x - s.max);
   } else {

@@ -14,7 +14,13 @@
 
 namespace tf_rnnt {
 
-enum class StatusCode : int { kOk = 0, kInvalidArgument = 1, kCudaError = 2, kBlasError = 3 };
+enum class StatusCode : int {
+  kOk = 0,
+  kInvalidArgument = 1,
+  kCudaError = 2,
+  kBlasError = 3,
+  kResourceExhausted = 4
+};
 
 struct Status {
   StatusCode code = StatusCode::kOk;
