@@ -176,7 +176,8 @@ def suite_loss(args, lines, results):
 
 def suite_flash(args, lines, results):
     profiles = ["short", "target", "long"] if args.profile == "auto" else [args.profile]
-    dtypes = [tf.float32, tf.bfloat16] if device_name().startswith("GPU") else [tf.float32]
+    dtypes = [tf.as_dtype(d) for d in args.dtypes.split(",")] if args.dtypes else (
+        [tf.float32, tf.bfloat16] if device_name().startswith("GPU") else [tf.float32])
     rates = {}
     if device_name().startswith("GPU"):
         for dt in dtypes:
@@ -194,8 +195,7 @@ def suite_flash(args, lines, results):
             inputs, nodes = make_inputs(p["B"], p["T"], p["U"], p["H"], p["V"], dt)
             flops = 4 * 2 * nodes * p["H"] * p["V"]
             ref = None
-            methods = ["tiled", "untiled", "reference"]
-            for method in methods:
+            for method in args.methods.split(","):
                 if method == "reference" and prof == "long" and not args.long_reference:
                     continue
                 try:
@@ -235,16 +235,21 @@ def suite_scaling(args, lines, results):
         results["scaling_tu"].append(dict(T=T, U=U, nodes=nodes, seconds=seconds, peak_bytes=used))
         lines.append(f"| {T} | {U} | {nodes} | {seconds * 1e3:.1f} ms | {fmt_bytes(used)} |")
         print(lines[-1], flush=True)
-    lines.append(f"\n### Tile size (tiled, float32, B={base['B']} T={base['T']} U={base['U']}, {device_name()})\n")
-    lines.append("| tile_size (nodes) | time | peak above inputs |")
-    lines.append("|---|---|---|")
+    lines.append(f"\n### Tile size (tiled, B={base['B']} T={base['T']} U={base['U']}, {device_name()})\n")
+    lines.append("| dtype | tile_size (nodes) | time | peak above inputs |")
+    lines.append("|---|---|---|---|")
     results["scaling_tile"] = []
-    inputs, nodes = make_inputs(base["B"], base["T"], base["U"], base["H"], base["V"], tf.float32)
-    for tile in (1024, 4096, 16384, 65536, 262144) if gpu else (256, 1024, 4096):
-        seconds, used = measure(joint_step("tiled", inputs, tile_size=tile), args.warmup, args.repeats)
-        results["scaling_tile"].append(dict(tile=tile, seconds=seconds, peak_bytes=used))
-        lines.append(f"| {tile} | {seconds * 1e3:.1f} ms | {fmt_bytes(used)} |")
-        print(lines[-1], flush=True)
+    tile_dtypes = args.dtypes.split(",") if args.dtypes else ["float32"]
+    for dtype in tile_dtypes:
+        inputs, nodes = make_inputs(base["B"], base["T"], base["U"], base["H"], base["V"],
+                                    tf.as_dtype(dtype))
+        for tile in (4096, 16384, 32768, 65536, 131072, 262144) if gpu else (256, 1024, 4096):
+            seconds, used = measure(joint_step("tiled", inputs, tile_size=tile), args.warmup,
+                                    args.repeats)
+            results["scaling_tile"].append(dict(dtype=dtype, tile=tile, seconds=seconds,
+                                                peak_bytes=used))
+            lines.append(f"| {dtype} | {tile} | {seconds * 1e3:.1f} ms | {fmt_bytes(used)} |")
+            print(lines[-1], flush=True)
 
 
 def main():
@@ -254,6 +259,11 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--long-reference", action="store_true", help="also run the reference at 'long'")
+    parser.add_argument("--methods", default="tiled,untiled,reference",
+                        help="flash suite: comma-separated subset of tiled,untiled,reference")
+    parser.add_argument("--dtypes", default=None,
+                        help="flash suite and tile table: comma-separated dtypes (default: float32, "
+                             "plus bfloat16 on the GPU)")
     parser.add_argument("--out", help="markdown file to write (a .json beside it too)")
     args = parser.parse_args()
     lines = [f"# tf_rnnt benchmarks ({time.strftime('%Y-%m-%d')}, TensorFlow {tf.__version__}, "

@@ -1058,6 +1058,8 @@ def _chunked_flash_oracle(params, labels, logit_lengths, label_lengths):
 # selects the plain allocator, which hands freed blocks back, so the cap below means what it
 # says. MALLOC_ARENA_MAX keeps glibc from reserving 64 MiB of address space per thread.
 _PLAIN_ALLOCATOR = {"TF_ENABLE_ONEDNN_OPTS": "0", "MALLOC_ARENA_MAX": "2"}
+# These tests cap the CPU address space; a visible GPU would run the op there instead.
+_CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
 
 
 @requires_linux
@@ -1066,7 +1068,8 @@ def test_tile_shrinks_when_the_workspace_cannot_be_allocated(tmp_path):
     # tile_size=4096 asks for 512 MiB; only 320 MiB of address space is left: the op halves
     # the tile until the workspace fits (256 MiB), and the result is still right.
     out = tmp_path / "halve.npz"
-    result = _run_subprocess(_OOM_SCRIPT, "halve", str(out), env_extra=_PLAIN_ALLOCATOR)
+    result = _run_subprocess(_OOM_SCRIPT, "halve", str(out),
+                             env_extra=dict(_PLAIN_ALLOCATOR, **_CPU_ONLY))
     assert result["outcome"] == "ok", result
     assert result["small_before"] and result["small_under_limit"] and result["small_after"]
     with np.load(out) as data:
@@ -1090,7 +1093,7 @@ def test_out_of_memory_with_the_default_allocator_never_crashes(tmp_path):
     # rest of the address space once the 512 MiB workspace fails: whatever the op then cannot
     # allocate, the result must be an answer or a ResourceExhaustedError, never an abort.
     result = _run_subprocess(_OOM_SCRIPT, "halve", str(tmp_path / "halve.npz"), "400",
-                             env_extra={"MALLOC_ARENA_MAX": "2"})
+                             env_extra={"MALLOC_ARENA_MAX": "2", **_CPU_ONLY})
     assert result["outcome"] in ("ok", "ResourceExhaustedError"), result
     assert result["small_after"], result
 
@@ -1102,7 +1105,7 @@ def test_workspace_that_cannot_fit_raises_resource_exhausted(case, tmp_path):
     # 1 GiB at the smallest tile the op shrinks to (1024 nodes), 256 MiB available: a
     # ResourceExhaustedError that says which setting to change; the process stays usable.
     result = _run_subprocess(_OOM_SCRIPT, case, str(tmp_path / "unused.npz"),
-                             env_extra={"MALLOC_ARENA_MAX": "2"})
+                             env_extra={"MALLOC_ARENA_MAX": "2", **_CPU_ONLY})
     assert result["outcome"] == "ResourceExhaustedError", result
     _assert_names(result["message"], ["tile_size"])
     _assert_names(result["message"], ["memory_budget"])
@@ -1117,7 +1120,7 @@ def test_untiled_mode_out_of_memory_says_what_to_change(tmp_path):
     # error must point at the setting to change (mode="tiled" / tile_size / memory_budget), not
     # only report a failed allocation.
     result = _run_subprocess(_OOM_SCRIPT, "untiled", str(tmp_path / "unused.npz"),
-                             env_extra={"MALLOC_ARENA_MAX": "2"})
+                             env_extra={"MALLOC_ARENA_MAX": "2", **_CPU_ONLY})
     assert result["outcome"] == "ResourceExhaustedError", result
     assert result["small_before"] and result["small_under_limit"] and result["small_after"], \
         result

@@ -1,12 +1,19 @@
 // CUDA fused joint ("Flash RNN-T"). Per tile of packed lattice nodes:
 //   forward:  z = act(enc + pred) -> logits = z @ kernel (cuBLAS, tensor cores) -> online
-//             log-sum-exp with bias + blank/label picks (one warp per node);
+//             log-sum-exp of logits + bias and the blank/label picks (one warp per node);
 //   backward: recompute z and logits (tiled mode), d logits from the two per-node gradients in
-//             place, d hidden = d logits @ kernel^T and d kernel += z^T @ d logits (cuBLAS),
-//             d bias, d encoder and d predictor by ordered reductions (no atomics: deterministic).
+//             place, [d kernel; d bias] += [z, 1]^T @ d logits and d hidden = d logits @ kernel^T
+//             (cuBLAS; d hidden over z's buffer), then d encoder and d predictor by ordered
+//             reductions of d hidden * act'(enc + pred) (no atomics: deterministic).
+// z rows are Hz = joint_hidden_width wide: H activations, a ones column (its d kernel row is
+// d bias), zeros; the GEMMs over H use Hk = H rounded up to 8 columns, so the ones column costs
+// only the d kernel GEMM an extra row.
+// Tiled mode keeps the logits tile in the input dtype (float32 accumulation, then rounded, as a
+// Keras mixed-precision Dense layer does); the log-sum-exp and the lattice stay float32.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cublas_loader.h"
 #include "tf_rnnt/dtype_cuda.cuh"
@@ -40,23 +47,34 @@ __global__ void node_offsets_kernel(const int32_t* logit_lengths, const int32_t*
   }
 }
 
-// Kp [Hp, Vp] = [[kernel, 0], [bias, 0], [0, 0]]: with a ones column in z, z @ Kp adds the bias
-// and z^T @ d logits yields d bias in row H. Padding keeps every GEMM operand 16-byte aligned.
+// Kp [Hp, Vp] = [[kernel, 0], [0, 0]]: the zero padding keeps every GEMM operand 16-byte aligned.
 template <typename T>
-__global__ void padded_kernel_kernel(const T* __restrict__ kernel, const T* __restrict__ bias, int H,
-                                     int V, int Hp, int Vp, T* __restrict__ out) {
+__global__ void padded_kernel_kernel(const T* __restrict__ kernel, int H, int V, int Hp, int Vp,
+                                     T* __restrict__ out) {
   const int64_t total = static_cast<int64_t>(Hp) * Vp;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int h = static_cast<int>(i / Vp), v = static_cast<int>(i % Vp);
-    T x = from_float<T>(0.f);
-    if (v < V && h < H) x = kernel[static_cast<int64_t>(h) * V + v];
-    if (v < V && h == H) x = bias[v];
-    out[i] = x;
+    out[i] = (v < V && h < H) ? kernel[static_cast<int64_t>(h) * V + v] : from_float<T>(0.f);
   }
 }
 
-// d kernel and d bias out of the padded accumulator.
+// bias as float32 [Vp], -inf in the padding columns (they then drop out of the log-sum-exp).
+template <typename T>
+__global__ void padded_bias_kernel(const T* __restrict__ bias, int V, int Vp,
+                                   float* __restrict__ out) {
+  for (int v = blockIdx.x * blockDim.x + threadIdx.x; v < Vp; v += gridDim.x * blockDim.x) {
+    out[v] = v < V ? to_float(bias[v]) : kNegInf;
+  }
+}
+
+// n values of type P moved as one vector access.
+template <typename P, int n>
+struct alignas(sizeof(P) * n) Pack {
+  P x[n];
+};
+
+// d kernel (rows < H) and d bias (row H) out of the padded accumulator.
 __global__ void unpad_grad_kernel(const float* __restrict__ padded, int H, int V, int Vp,
                                   float* __restrict__ d_kernel, float* __restrict__ d_bias) {
   const int64_t total = static_cast<int64_t>(H + 1) * V;
@@ -68,38 +86,67 @@ __global__ void unpad_grad_kernel(const float* __restrict__ padded, int H, int V
   }
 }
 
-// z[n - n0] = (act(encoder[b, t] + predictor[b, u]), 1, 0...): one block per node, threads over Hp.
+// z[n - n0] = (act(encoder[b, t] + predictor[b, u]), 1, 0...): a warp per node, 16-byte loads
+// and stores when H allows them.
 template <typename T>
 __global__ void hidden_kernel(int64_t n0, int64_t rows, const T* __restrict__ encoder,
                               const T* __restrict__ predictor, const int64_t* __restrict__ offsets,
                               const int32_t* __restrict__ label_lengths, int B, int T_max, int U1,
                               int H, int Hp, int activation, T* __restrict__ z) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  constexpr int kPack = 16 / sizeof(T);
+  const int lane = threadIdx.x & 31;
+  const bool packed = H % kPack == 0;
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + (threadIdx.x >> 5); r < rows;
+       r += static_cast<int64_t>(gridDim.x) * kWarps) {
     const NodeIndex i = locate_node(n0 + r, offsets, B, label_lengths);
     const T* e = encoder + (static_cast<int64_t>(i.b) * T_max + i.t) * H;
     const T* p = predictor + (static_cast<int64_t>(i.b) * U1 + i.u) * H;
     T* out = z + r * Hp;
-    for (int h = threadIdx.x; h < Hp; h += blockDim.x) {
-      const float x = h < H ? activate(to_float(e[h]) + to_float(p[h]), activation)
-                            : (h == H ? 1.f : 0.f);
-      out[h] = from_float<T>(x);
+    if (packed) {
+      for (int h = lane * kPack; h < H; h += 32 * kPack) {
+        const uint4 e_bits = *reinterpret_cast<const uint4*>(e + h);
+        const uint4 p_bits = *reinterpret_cast<const uint4*>(p + h);
+        const T* ev = reinterpret_cast<const T*>(&e_bits);
+        const T* pv = reinterpret_cast<const T*>(&p_bits);
+        uint4 out_bits;
+        T* ov = reinterpret_cast<T*>(&out_bits);
+#pragma unroll
+        for (int k = 0; k < kPack; ++k) {
+          ov[k] = from_float<T>(activate(to_float(ev[k]) + to_float(pv[k]), activation));
+        }
+        *reinterpret_cast<uint4*>(out + h) = out_bits;
+      }
+    } else {
+      for (int h = lane; h < H; h += 32) {
+        out[h] = from_float<T>(activate(to_float(e[h]) + to_float(p[h]), activation));
+      }
     }
+    for (int h = H + lane; h < Hp; h += 32) out[h] = from_float<T>(h == H ? 1.f : 0.f);
   }
 }
 
-// Online log-sum-exp of the logits (bias included by the GEMM) and the picks, a warp per node.
-__global__ void picks_kernel(int64_t n0, int64_t rows, const float* __restrict__ logits,
-                             const int32_t* __restrict__ labels,
+// Online log-sum-exp of logits + bias and the picks, a warp per node; each lane reads 16 bytes
+// of the row at a time (rows are Vp wide, a multiple of 8, so every pack is aligned).
+template <typename L>
+__global__ void picks_kernel(int64_t n0, int64_t rows, const L* __restrict__ logits,
+                             const float* __restrict__ bias, const int32_t* __restrict__ labels,
                              const int64_t* __restrict__ offsets,
                              const int32_t* __restrict__ label_lengths, int B, int T_max, int U1,
-                             int V, int Vp, int blank, float* __restrict__ lattice,
+                             int Vp, int blank, float* __restrict__ lattice,
                              float* __restrict__ lse) {
+  constexpr int kPack = 16 / sizeof(L);
   const int lane = threadIdx.x & 31;
   for (int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + (threadIdx.x >> 5); r < rows;
        r += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const float* row = logits + r * Vp;
+    const L* row = logits + r * Vp;
     LseState s = lse_init();
-    for (int v = lane; v < V; v += 32) s = lse_push(s, row[v]);
+    for (int v = lane * kPack; v < Vp; v += 32 * kPack) {
+      const Pack<L, kPack> packed = *reinterpret_cast<const Pack<L, kPack>*>(row + v);
+      float x[kPack];
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) x[k] = to_float(packed.x[k]) + bias[v + k];
+      s = lse_push_block(s, x);
+    }
     s = warp_lse(s);
     if (lane == 0) {
       const int64_t n = n0 + r;
@@ -107,24 +154,26 @@ __global__ void picks_kernel(int64_t n0, int64_t rows, const float* __restrict__
       const float total = lse_value(s);
       const int64_t padded = (static_cast<int64_t>(i.b) * T_max + i.t) * U1 + i.u;
       lse[n] = total;
-      lattice[2 * padded] = row[blank] - total;
+      lattice[2 * padded] = to_float(row[blank]) + bias[blank] - total;
       if (i.u < label_lengths[i.b]) {
         const int label = labels[static_cast<int64_t>(i.b) * (U1 - 1) + i.u];
-        lattice[2 * padded + 1] = row[label] - total;
+        lattice[2 * padded + 1] = to_float(row[label]) + bias[label] - total;
       }
     }
   }
 }
 
-// d logits from the per-node lattice gradients (may write over the float logits, row by row);
+// d logits from the per-node lattice gradients (may write over the logits, pack by pack);
 // zeros in the padding columns so the GEMMs that read d logits see no garbage.
-template <typename T>
-__global__ void logit_grads_kernel(int64_t n0, int64_t rows, const float* logits,
+template <typename L, typename T>
+__global__ void logit_grads_kernel(int64_t n0, int64_t rows, const L* logits,
+                                   const float* __restrict__ bias,
                                    const int32_t* __restrict__ labels,
                                    const int64_t* __restrict__ offsets,
                                    const int32_t* __restrict__ label_lengths, int B, int T_max,
                                    int U1, int V, int Vp, int blank, const float* __restrict__ lse,
                                    const float* __restrict__ d_lattice, T* d_logits) {
+  constexpr int kPack = 16 / sizeof(L);
   const int lane = threadIdx.x & 31;
   for (int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + (threadIdx.x >> 5); r < rows;
        r += static_cast<int64_t>(gridDim.x) * kWarps) {
@@ -136,82 +185,142 @@ __global__ void logit_grads_kernel(int64_t n0, int64_t rows, const float* logits
     const float g_blank = d_lattice[2 * padded];
     const float g_label = has_label ? d_lattice[2 * padded + 1] : 0.f;
     const float total = lse[n];
-    const float* row = logits + r * Vp;
+    const L* row = logits + r * Vp;
     T* out = d_logits + r * Vp;
-    for (int v = lane; v < Vp; v += 32) {
-      const float g = v < V ? logit_grad(row[v], total, v, blank, label, g_blank, g_label) : 0.f;
-      out[v] = from_float<T>(g);
+    for (int v = lane * kPack; v < Vp; v += 32 * kPack) {
+      const Pack<L, kPack> packed = *reinterpret_cast<const Pack<L, kPack>*>(row + v);
+      Pack<T, kPack> grads;
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) {
+        const float g = v + k < V ? logit_grad(to_float(packed.x[k]) + bias[v + k], total, v + k,
+                                               blank, label, g_blank, g_label)
+                                  : 0.f;
+        grads.x[k] = from_float<T>(g);
+      }
+      *reinterpret_cast<Pack<T, kPack>*>(out + v) = grads;
     }
   }
 }
 
-// d encoder[b, t] += sum over the tile's nodes (b, t, u) of d hidden * act'(z).
-// One block per node that starts a (b, t) run inside the tile (u == 0 or the tile's first node);
-// blockIdx.y splits H so that enough blocks are in flight.
+// d encoder[b, t] += sum over the tile's nodes (b, t, u) of d hidden * act'(enc + pred); the
+// activation is recomputed from the inputs (cached) instead of read back from z.
+// Block x: the x-th (b, t) row that meets the tile, counted from the tile's first node's row
+// (b0, t0); blockIdx.y splits H.
 template <typename T>
-__global__ void encoder_grad_kernel(int64_t n0, int64_t rows, const float* __restrict__ d_hidden,
-                                    const T* __restrict__ z, const int64_t* __restrict__ offsets,
-                                    const int32_t* __restrict__ label_lengths, int B, int T_max,
-                                    int H, int Hp, int activation, float* __restrict__ d_encoder) {
-  const int h = blockIdx.y * blockDim.x + threadIdx.x;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const NodeIndex i = locate_node(n0 + r, offsets, B, label_lengths);
-    if ((i.u != 0 && r != 0) || h >= H) continue;
-    const int64_t row_rest = label_lengths[i.b] + 1 - i.u;
-    const int run = static_cast<int>(row_rest < rows - r ? row_rest : rows - r);
-    const float* dh = d_hidden + r * Hp + h;
-    const T* zz = z + r * Hp + h;
-    float acc0 = 0.f, acc1 = 0.f;  // two chains for memory-level parallelism; fixed order
-    int k = 0;
-    for (; k + 1 < run; k += 2) {
-      acc0 += dh[k * Hp] * activation_grad(to_float(zz[k * Hp]), activation);
-      acc1 += dh[(k + 1) * Hp] * activation_grad(to_float(zz[(k + 1) * Hp]), activation);
-    }
-    if (k < run) acc0 += dh[k * Hp] * activation_grad(to_float(zz[k * Hp]), activation);
-    d_encoder[(static_cast<int64_t>(i.b) * T_max + i.t) * H + h] += acc0 + acc1;
-  }
-}
-
-// d predictor[b, u] += sum over the tile's nodes (b, t, u) of d hidden * act'(z).
-// One block per (b, u) and slice of H; t runs over the frames whose node falls in the tile.
-template <typename T>
-__global__ void predictor_grad_kernel(int64_t n0, int64_t rows, const float* __restrict__ d_hidden,
-                                      const T* __restrict__ z, const int64_t* __restrict__ offsets,
-                                      const int32_t* __restrict__ logit_lengths,
-                                      const int32_t* __restrict__ label_lengths, int B, int U1,
-                                      int H, int Hp, int activation, float* __restrict__ d_predictor) {
-  const int64_t n1 = n0 + rows;
+__global__ void encoder_grad_kernel(int64_t n0, int64_t rows, int b0, int t0,
+                                    const T* __restrict__ d_hidden, const T* __restrict__ encoder,
+                                    const T* __restrict__ predictor,
+                                    const int64_t* __restrict__ offsets,
+                                    const int32_t* __restrict__ logit_lengths,
+                                    const int32_t* __restrict__ label_lengths, int T_max, int U1,
+                                    int H, int Hp, int activation,
+                                    float* __restrict__ d_encoder) {
   const int h = blockIdx.y * blockDim.x + threadIdx.x;
   if (h >= H) return;
-  for (int64_t pair = blockIdx.x; pair < static_cast<int64_t>(B) * U1; pair += gridDim.x) {
-    const int b = static_cast<int>(pair / U1), u = static_cast<int>(pair % U1);
-    const int U1_b = label_lengths[b] + 1;
-    if (u >= U1_b || offsets[b + 1] <= n0 || offsets[b] >= n1) continue;
-    // node(t) = offsets[b] + t * U1_b + u must lie in [n0, n1).
-    const int64_t first = n0 - offsets[b] - u;
-    const int t_lo = first <= 0 ? 0 : static_cast<int>((first + U1_b - 1) / U1_b);
-    const int64_t last = n1 - offsets[b] - u;  // exclusive
-    const int64_t t_end = (last + U1_b - 1) / U1_b;
-    const int t_hi = last <= 0 ? 0 : static_cast<int>(t_end < logit_lengths[b] ? t_end : logit_lengths[b]);
-    if (t_lo >= t_hi) continue;
-    const int64_t stride = static_cast<int64_t>(U1_b) * Hp;
-    const int64_t base = (offsets[b] + static_cast<int64_t>(t_lo) * U1_b + u - n0) * Hp + h;
-    const int count = t_hi - t_lo;
-    float acc0 = 0.f, acc1 = 0.f, acc2 = 0.f, acc3 = 0.f;  // four chains; fixed order
-    int k = 0;
-    for (; k + 3 < count; k += 4) {
-      const int64_t i0 = base + k * stride;
-      acc0 += d_hidden[i0] * activation_grad(to_float(z[i0]), activation);
-      acc1 += d_hidden[i0 + stride] * activation_grad(to_float(z[i0 + stride]), activation);
-      acc2 += d_hidden[i0 + 2 * stride] * activation_grad(to_float(z[i0 + 2 * stride]), activation);
-      acc3 += d_hidden[i0 + 3 * stride] * activation_grad(to_float(z[i0 + 3 * stride]), activation);
-    }
-    for (; k < count; ++k) {
-      const int64_t i0 = base + k * stride;
-      acc0 += d_hidden[i0] * activation_grad(to_float(z[i0]), activation);
-    }
-    d_predictor[(static_cast<int64_t>(b) * U1 + u) * H + h] += (acc0 + acc1) + (acc2 + acc3);
+  int b = b0, t = t0 + static_cast<int>(blockIdx.x);
+  while (t >= logit_lengths[b]) t -= logit_lengths[b++];
+  const int U1_b = label_lengths[b] + 1;
+  const int64_t row_start = offsets[b] + static_cast<int64_t>(t) * U1_b;
+  const int64_t first = row_start > n0 ? row_start : n0;
+  const int64_t end = row_start + U1_b < n0 + rows ? row_start + U1_b : n0 + rows;
+  const int run = static_cast<int>(end - first);
+  const int64_t e_index = (static_cast<int64_t>(b) * T_max + t) * H + h;
+  const float e = to_float(encoder[e_index]);
+  const T* p = predictor + (static_cast<int64_t>(b) * U1 + (first - row_start)) * H + h;
+  const T* dh = d_hidden + (first - n0) * Hp + h;
+  auto term = [&](int k) {
+    const float y = activate(e + to_float(p[k * H]), activation);
+    return to_float(dh[static_cast<int64_t>(k) * Hp]) * activation_grad(y, activation);
+  };
+  float acc0 = 0.f, acc1 = 0.f, acc2 = 0.f, acc3 = 0.f;  // four chains; fixed order
+  int k = 0;
+  for (; k + 3 < run; k += 4) {
+    acc0 += term(k);
+    acc1 += term(k + 1);
+    acc2 += term(k + 2);
+    acc3 += term(k + 3);
   }
+  for (; k < run; ++k) acc0 += term(k);
+  d_encoder[e_index] += (acc0 + acc1) + (acc2 + acc3);
+}
+
+// d predictor[b, u] += sum over the tile's nodes (b, t, u) of d hidden * act'(enc + pred).
+// Block x: the x-th (b, u) pair counted from (b0, 0), over the samples that meet the tile;
+// blockIdx.y splits H; t runs over the frames whose node falls in the tile.
+template <typename T>
+__global__ void predictor_grad_kernel(int64_t n0, int64_t rows, int b0,
+                                      const T* __restrict__ d_hidden,
+                                      const T* __restrict__ encoder,
+                                      const T* __restrict__ predictor,
+                                      const int64_t* __restrict__ offsets,
+                                      const int32_t* __restrict__ logit_lengths,
+                                      const int32_t* __restrict__ label_lengths, int T_max,
+                                      int U1, int H, int Hp, int activation,
+                                      float* __restrict__ d_predictor) {
+  const int h = blockIdx.y * blockDim.x + threadIdx.x;
+  if (h >= H) return;
+  int b = b0, u = static_cast<int>(blockIdx.x);
+  while (u > label_lengths[b]) u -= label_lengths[b++] + 1;
+  const int U1_b = label_lengths[b] + 1;
+  const int64_t n1 = n0 + rows;
+  // node(t) = offsets[b] + t * U1_b + u must lie in [n0, n1).
+  const int64_t first = n0 - offsets[b] - u;
+  const int t_lo = first <= 0 ? 0 : static_cast<int>((first + U1_b - 1) / U1_b);
+  const int64_t last = n1 - offsets[b] - u;  // exclusive
+  const int64_t t_end = (last + U1_b - 1) / U1_b;
+  const int t_hi = last <= 0 ? 0 : static_cast<int>(t_end < logit_lengths[b] ? t_end : logit_lengths[b]);
+  if (t_lo >= t_hi) return;
+  const int64_t p_index = (static_cast<int64_t>(b) * U1 + u) * H + h;
+  const float p = to_float(predictor[p_index]);
+  const T* e = encoder + (static_cast<int64_t>(b) * T_max + t_lo) * H + h;
+  const int64_t stride = static_cast<int64_t>(U1_b) * Hp;
+  const T* dh = d_hidden + (offsets[b] + static_cast<int64_t>(t_lo) * U1_b + u - n0) * Hp + h;
+  auto term = [&](int k) {
+    const float y = activate(to_float(e[static_cast<int64_t>(k) * H]) + p, activation);
+    return to_float(dh[k * stride]) * activation_grad(y, activation);
+  };
+  const int count = t_hi - t_lo;
+  float acc0 = 0.f, acc1 = 0.f, acc2 = 0.f, acc3 = 0.f;  // four chains; fixed order
+  int k = 0;
+  for (; k + 3 < count; k += 4) {
+    acc0 += term(k);
+    acc1 += term(k + 1);
+    acc2 += term(k + 2);
+    acc3 += term(k + 3);
+  }
+  for (; k < count; ++k) acc0 += term(k);
+  d_predictor[p_index] += (acc0 + acc1) + (acc2 + acc3);
+}
+
+// The tile [n0, n0 + rows) on the host: its first node's (b, t), the number of (b, t) rows it
+// meets, its first sample and the number of (b, u) pairs of the samples it meets.
+struct TileRows {
+  int b0 = 0, t0 = 0;
+  int64_t frame_rows = 0, label_pairs = 0;
+};
+
+TileRows tile_rows(int64_t n0, int64_t rows, const JointBackwardArgs& a, int B) {
+  TileRows r;
+  const int64_t* offsets = a.host_node_offsets;
+  auto locate = [&](int64_t n, int* b, int* t) {
+    // The sample holding node n: the last b with offsets[b] <= n and a non-empty lattice.
+    int lo = 0, hi = B - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (offsets[mid] <= n) lo = mid; else hi = mid - 1;
+    }
+    *b = lo;
+    *t = static_cast<int>((n - offsets[lo]) / (a.host_label_lengths[lo] + 1));
+  };
+  int b1, t1;
+  locate(n0, &r.b0, &r.t0);
+  locate(n0 + rows - 1, &b1, &t1);
+  int64_t row_index0 = r.t0, row_index1 = t1, pairs = 0;
+  for (int b = r.b0; b < b1; ++b) row_index1 += a.host_logit_lengths[b];
+  for (int b = r.b0; b <= b1; ++b) pairs += a.host_label_lengths[b] + 1;
+  r.frame_rows = row_index1 - row_index0 + 1;
+  r.label_pairs = pairs;
+  return r;
 }
 
 template <typename T>
@@ -222,8 +331,6 @@ __global__ void cast_kernel(const float* __restrict__ in, T* __restrict__ out, i
   }
 }
 
-int block_threads(int H) { return H >= 256 ? 256 : ((H + 31) / 32) * 32; }
-int grid_rows(int64_t rows) { return static_cast<int>(std::min<int64_t>(rows, 1 << 16)); }
 int grid_warps(int64_t rows) {
   return static_cast<int>(std::min<int64_t>((rows + kWarps - 1) / kWarps, 1 << 16));
 }
@@ -234,19 +341,52 @@ int grid_warps(int64_t rows) {
     if (!_status.ok()) return _status; \
   } while (0)
 
-struct Workspace {
-  char* next;
-  template <typename P>
-  P* take(size_t bytes) {
-    P* p = reinterpret_cast<P*>(next);
-    next += align_up(bytes);
-    return p;
+// Carves the workspace into the buffers of one pass (with a null base it only counts bytes).
+// Tiled mode: z (later d hidden) and logits (later d logits) in the input dtype T. Untiled mode:
+// the kept tensors (joint values in T, logits in float32) plus, backward, d hidden and (half
+// inputs) d logits in T for all nodes.
+template <typename T>
+struct JointBuffers {
+  T* kernel = nullptr;        // [Hk, Vp]
+  float* bias = nullptr;      // [Vp], -inf padding
+  T* tile_z = nullptr;        // tiled: [tile, Hz]
+  T* tile_logits = nullptr;   // tiled: [tile, Vp]
+  float* d_kernel = nullptr;  // backward: [Hz, Vp] accumulator, d bias in row H
+  T* d_hidden = nullptr;      // untiled backward: [N, Hz]
+  T* d_logits = nullptr;      // untiled backward, half inputs: [N, Vp]
+  size_t bytes = 0;
+
+  JointBuffers(void* base, size_t tile, size_t Hk, size_t Hz, size_t Vp, bool backward,
+               bool untiled) {
+    char* origin = static_cast<char*>(base);
+    auto take = [&](auto*& ptr, size_t count) {
+      using P = typename std::remove_reference<decltype(*ptr)>::type;
+      ptr = origin ? reinterpret_cast<P*>(origin + bytes) : nullptr;
+      bytes += align_up(sizeof(P) * count);
+    };
+    take(kernel, Hk * Vp);
+    take(bias, Vp);
+    if (!untiled) {
+      take(tile_z, tile * Hz);
+      take(tile_logits, tile * Vp);
+    }
+    if (backward) {
+      take(d_kernel, Hz * Vp);
+      if (untiled) {
+        take(d_hidden, tile * Hz);
+        if (sizeof(T) != sizeof(float)) take(d_logits, tile * Vp);
+      }
+    }
   }
 };
 
-template <typename T>
+int gemm_hidden_width(int H) { return ((H + 7) / 8) * 8; }
+
+// L: the logits' dtype (T in tiled mode, float32 when untiled mode keeps them).
+template <typename T, typename L>
 Status forward(const JointShape& s, const JointForwardArgs& a, cudaStream_t stream) {
-  const int H = s.H, V = s.V, Hp = joint_hidden_width(s, true), Vp = joint_logits_width(s, true);
+  const int H = s.H, V = s.V, Vp = joint_logits_width(s, true);
+  const int Hz = joint_hidden_width(s, true), Hk = gemm_hidden_width(H);
   RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(
       a.lattice, 0, sizeof(float) * 2 * static_cast<size_t>(s.B) * s.T * s.U1, stream)));
   if (a.num_nodes == 0) return Status();
@@ -254,33 +394,33 @@ Status forward(const JointShape& s, const JointForwardArgs& a, cudaStream_t stre
   RETURN_IF_ERROR(cublas_handle_for(stream, &handle));
   const bool untiled = a.saved_logits != nullptr;
   const int64_t tile = untiled ? a.num_nodes : a.tile_nodes;
-  Workspace ws{static_cast<char*>(a.workspace)};
-  T* kernel = ws.take<T>(sizeof(T) * Hp * Vp);
-  T* tile_z = untiled ? nullptr : ws.take<T>(sizeof(T) * tile * Hp);
-  float* tile_logits = untiled ? nullptr : ws.take<float>(sizeof(float) * tile * Vp);
-  padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hp) * Vp, 256), 256, 0, stream>>>(
-      static_cast<const T*>(a.kernel), static_cast<const T*>(a.bias), H, V, Hp, Vp, kernel);
+  const JointBuffers<T> buf(a.workspace, tile, Hk, Hz, Vp, false, untiled);
+  padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
+      static_cast<const T*>(a.kernel), H, V, Hk, Vp, buf.kernel);
+  padded_bias_kernel<T><<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(a.bias), V,
+                                                                  Vp, buf.bias);
   for (int64_t n0 = 0; n0 < a.num_nodes; n0 += tile) {
     const int64_t rows = std::min(tile, a.num_nodes - n0);
-    T* z = untiled ? static_cast<T*>(a.saved_hidden) : tile_z;
-    float* logits = untiled ? a.saved_logits : tile_logits;
-    hidden_kernel<T><<<grid_rows(rows), block_threads(Hp), 0, stream>>>(
+    T* z = untiled ? static_cast<T*>(a.saved_hidden) : buf.tile_z;
+    L* logits = untiled ? reinterpret_cast<L*>(a.saved_logits) : reinterpret_cast<L*>(buf.tile_logits);
+    hidden_kernel<T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
         n0, rows, static_cast<const T*>(a.encoder), static_cast<const T*>(a.predictor),
-        a.node_offsets, a.label_lengths, s.B, s.T, s.U1, H, Hp, s.activation, z);
-    RETURN_IF_ERROR(gemm_row_major(handle, false, false, static_cast<int>(rows), Vp, Hp, z,
-                                   cuda_type<T>(), Hp, kernel, cuda_type<T>(), Vp, 0.f, logits,
-                                   CUDA_R_32F, Vp, s.allow_tf32));
-    picks_kernel<<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
-        n0, rows, logits, a.labels, a.node_offsets, a.label_lengths, s.B, s.T, s.U1, V, Vp,
+        a.node_offsets, a.label_lengths, s.B, s.T, s.U1, H, Hz, s.activation, z);
+    RETURN_IF_ERROR(gemm_row_major(handle, false, false, static_cast<int>(rows), Vp, Hk, z,
+                                   cuda_type<T>(), Hz, buf.kernel, cuda_type<T>(), Vp, 0.f, logits,
+                                   cuda_type<L>(), Vp, s.allow_tf32));
+    picks_kernel<L><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
+        n0, rows, logits, buf.bias, a.labels, a.node_offsets, a.label_lengths, s.B, s.T, s.U1, Vp,
         s.blank, a.lattice, a.lse);
     RETURN_IF_ERROR(last_launch_status());
   }
   return Status();
 }
 
-template <typename T>
+template <typename T, typename L>
 Status backward(const JointShape& s, const JointBackwardArgs& a, cudaStream_t stream) {
-  const int H = s.H, V = s.V, Hp = joint_hidden_width(s, true), Vp = joint_logits_width(s, true);
+  const int H = s.H, V = s.V, Vp = joint_logits_width(s, true);
+  const int Hz = joint_hidden_width(s, true), Hk = gemm_hidden_width(H);
   RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(
       a.d_encoder, 0, sizeof(float) * static_cast<size_t>(s.B) * s.T * H, stream)));
   RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(
@@ -292,60 +432,62 @@ Status backward(const JointShape& s, const JointBackwardArgs& a, cudaStream_t st
   cublasHandle_t handle;
   RETURN_IF_ERROR(cublas_handle_for(stream, &handle));
   const bool untiled = a.saved_logits != nullptr;
-  const bool float_io = sizeof(T) == sizeof(float);
   const int64_t tile = untiled ? a.num_nodes : a.tile_nodes;
-  Workspace ws{static_cast<char*>(a.workspace)};
-  T* kernel = ws.take<T>(sizeof(T) * Hp * Vp);
-  float* d_kernel = ws.take<float>(sizeof(float) * Hp * Vp);  // rows H: d kernel, row H: d bias
-  T* tile_z = untiled ? nullptr : ws.take<T>(sizeof(T) * tile * Hp);
-  float* tile_logits = untiled ? nullptr : ws.take<float>(sizeof(float) * tile * Vp);
-  T* tile_d_logits = float_io ? nullptr : ws.take<T>(sizeof(T) * tile * Vp);
-  float* d_hidden = ws.take<float>(sizeof(float) * tile * Hp);
-  padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hp) * Vp, 256), 256, 0, stream>>>(
-      static_cast<const T*>(a.kernel), static_cast<const T*>(a.bias), H, V, Hp, Vp, kernel);
+  const JointBuffers<T> buf(a.workspace, tile, Hk, Hz, Vp, true, untiled);
+  const T* encoder = static_cast<const T*>(a.encoder);
+  const T* predictor = static_cast<const T*>(a.predictor);
+  padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
+      static_cast<const T*>(a.kernel), H, V, Hk, Vp, buf.kernel);
+  padded_bias_kernel<T><<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(a.bias), V,
+                                                                  Vp, buf.bias);
   RETURN_IF_ERROR(cuda_status(
-      cudaMemsetAsync(d_kernel, 0, sizeof(float) * static_cast<size_t>(Hp) * Vp, stream)));
+      cudaMemsetAsync(buf.d_kernel, 0, sizeof(float) * static_cast<size_t>(Hz) * Vp, stream)));
   const int h_threads = H >= 128 ? 128 : ((H + 31) / 32) * 32;
   const int h_slices = (H + h_threads - 1) / h_threads;
   for (int64_t n0 = 0; n0 < a.num_nodes; n0 += tile) {
     const int64_t rows = std::min(tile, a.num_nodes - n0);
     const T* z;
-    float* logits;
+    L* logits;
     if (untiled) {
       z = static_cast<const T*>(a.saved_hidden);
-      logits = a.saved_logits;
+      logits = reinterpret_cast<L*>(a.saved_logits);
     } else {  // recompute the tile (activation checkpointing)
-      hidden_kernel<T><<<grid_rows(rows), block_threads(Hp), 0, stream>>>(
-          n0, rows, static_cast<const T*>(a.encoder), static_cast<const T*>(a.predictor),
-          a.node_offsets, a.label_lengths, s.B, s.T, s.U1, H, Hp, s.activation, tile_z);
-      RETURN_IF_ERROR(gemm_row_major(handle, false, false, static_cast<int>(rows), Vp, Hp, tile_z,
-                                     cuda_type<T>(), Hp, kernel, cuda_type<T>(), Vp, 0.f,
-                                     tile_logits, CUDA_R_32F, Vp, s.allow_tf32));
-      z = tile_z;
-      logits = tile_logits;
+      hidden_kernel<T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
+          n0, rows, encoder, predictor, a.node_offsets, a.label_lengths, s.B, s.T, s.U1, H, Hz,
+          s.activation, buf.tile_z);
+      logits = reinterpret_cast<L*>(buf.tile_logits);
+      RETURN_IF_ERROR(gemm_row_major(handle, false, false, static_cast<int>(rows), Vp, Hk,
+                                     buf.tile_z, cuda_type<T>(), Hz, buf.kernel, cuda_type<T>(),
+                                     Vp, 0.f, logits, cuda_type<L>(), Vp, s.allow_tf32));
+      z = buf.tile_z;
     }
-    T* d_logits = float_io ? reinterpret_cast<T*>(logits) : tile_d_logits;
-    logit_grads_kernel<T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
-        n0, rows, logits, a.labels, a.node_offsets, a.label_lengths, s.B, s.T, s.U1, V, Vp,
-        s.blank, a.lse, a.d_lattice, d_logits);
-    // d hidden = d logits @ Kp^T;  [d kernel; d bias] += z^T @ d logits (ordered over tiles).
-    RETURN_IF_ERROR(gemm_row_major(handle, false, true, static_cast<int>(rows), Hp, Vp, d_logits,
-                                   cuda_type<T>(), Vp, kernel, cuda_type<T>(), Vp, 0.f, d_hidden,
-                                   CUDA_R_32F, Hp, s.allow_tf32));
-    RETURN_IF_ERROR(gemm_row_major(handle, true, false, Hp, Vp, static_cast<int>(rows), z,
-                                   cuda_type<T>(), Hp, d_logits, cuda_type<T>(), Vp, 1.f, d_kernel,
-                                   CUDA_R_32F, Vp, s.allow_tf32));
-    encoder_grad_kernel<T><<<dim3(grid_rows(rows), h_slices), h_threads, 0, stream>>>(
-        n0, rows, d_hidden, z, a.node_offsets, a.label_lengths, s.B, s.T, H, Hp, s.activation,
-        a.d_encoder);
-    predictor_grad_kernel<T><<<dim3(grid_rows(static_cast<int64_t>(s.B) * s.U1), h_slices),
-                               h_threads, 0, stream>>>(n0, rows, d_hidden, z, a.node_offsets,
-                                                       a.logit_lengths, a.label_lengths, s.B, s.U1,
-                                                       H, Hp, s.activation, a.d_predictor);
+    // d logits over the logits when they share a dtype.
+    T* d_logits = sizeof(L) == sizeof(T) ? reinterpret_cast<T*>(logits) : buf.d_logits;
+    logit_grads_kernel<L, T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
+        n0, rows, logits, buf.bias, a.labels, a.node_offsets, a.label_lengths, s.B, s.T, s.U1, V,
+        Vp, s.blank, a.lse, a.d_lattice, d_logits);
+    // [d kernel; d bias] += [z, 1]^T @ d logits (ordered over tiles).
+    RETURN_IF_ERROR(gemm_row_major(handle, true, false, Hz, Vp, static_cast<int>(rows), z,
+                                   cuda_type<T>(), Hz, d_logits, cuda_type<T>(), Vp, 1.f,
+                                   buf.d_kernel, CUDA_R_32F, Vp, s.allow_tf32));
+    // d hidden = d logits @ Kp^T, over z's buffer in tiled mode (z is not needed any more).
+    T* d_hidden = untiled ? buf.d_hidden : buf.tile_z;
+    RETURN_IF_ERROR(gemm_row_major(handle, false, true, static_cast<int>(rows), Hk, Vp, d_logits,
+                                   cuda_type<T>(), Vp, buf.kernel, cuda_type<T>(), Vp, 0.f,
+                                   d_hidden, cuda_type<T>(), Hz, s.allow_tf32));
+    const TileRows tr = tile_rows(n0, rows, a, s.B);
+    encoder_grad_kernel<T><<<dim3(static_cast<unsigned>(tr.frame_rows), h_slices), h_threads, 0,
+                             stream>>>(n0, rows, tr.b0, tr.t0, d_hidden, encoder, predictor,
+                                       a.node_offsets, a.logit_lengths, a.label_lengths, s.T, s.U1,
+                                       H, Hz, s.activation, a.d_encoder);
+    predictor_grad_kernel<T><<<dim3(static_cast<unsigned>(tr.label_pairs), h_slices), h_threads, 0,
+                               stream>>>(n0, rows, tr.b0, d_hidden, encoder, predictor,
+                                         a.node_offsets, a.logit_lengths, a.label_lengths, s.T,
+                                         s.U1, H, Hz, s.activation, a.d_predictor);
     RETURN_IF_ERROR(last_launch_status());
   }
   unpad_grad_kernel<<<blocks_for(static_cast<int64_t>(H + 1) * V, 256), 256, 0, stream>>>(
-      d_kernel, H, V, Vp, a.d_kernel, a.d_bias);
+      buf.d_kernel, H, V, Vp, a.d_kernel, a.d_bias);
   return last_launch_status();
 }
 
@@ -353,16 +495,13 @@ Status backward(const JointShape& s, const JointBackwardArgs& a, cudaStream_t st
 
 size_t joint_workspace_bytes_cuda(const JointShape& s, int64_t tile_nodes, bool backward,
                                   bool untiled) {
-  const size_t ds = dtype_size(s.dtype);
-  const size_t tile = static_cast<size_t>(tile_nodes);
-  const size_t Hp = joint_hidden_width(s, true), Vp = joint_logits_width(s, true);
-  size_t bytes = align_up(ds * Hp * Vp);                                // padded kernel + bias
-  if (!untiled) bytes += align_up(ds * tile * Hp) + align_up(4 * tile * Vp);  // z, logits
-  if (backward) {
-    bytes += align_up(4 * Hp * Vp);                    // [d kernel; d bias] accumulator
-    if (ds != 4) bytes += align_up(ds * tile * Vp);    // d logits in the input dtype
-    bytes += align_up(4 * tile * Hp);                  // d hidden
-  }
+  size_t bytes = 0;
+  const size_t Hz = joint_hidden_width(s, true), Hk = gemm_hidden_width(s.H);
+  const size_t Vp = joint_logits_width(s, true);
+  dispatch_dtype_cuda(s.dtype, [&](auto tag) {
+    bytes = JointBuffers<decltype(tag)>(nullptr, static_cast<size_t>(tile_nodes), Hk, Hz, Vp,
+                                        backward, untiled).bytes;
+  });
   return bytes;
 }
 
@@ -390,8 +529,11 @@ Status copy_cuda(void* dst, const void* src, size_t bytes, GpuStream stream) {
 
 Status joint_forward_cuda(const JointShape& shape, const JointForwardArgs& args, GpuStream stream) {
   Status status;
+  const auto s = static_cast<cudaStream_t>(stream);
   dispatch_dtype_cuda(shape.dtype, [&](auto tag) {
-    status = forward<decltype(tag)>(shape, args, static_cast<cudaStream_t>(stream));
+    using T = decltype(tag);
+    status = args.saved_logits != nullptr ? forward<T, float>(shape, args, s)
+                                          : forward<T, T>(shape, args, s);
   });
   return status;
 }
@@ -399,8 +541,11 @@ Status joint_forward_cuda(const JointShape& shape, const JointForwardArgs& args,
 Status joint_backward_cuda(const JointShape& shape, const JointBackwardArgs& args,
                            GpuStream stream) {
   Status status;
+  const auto s = static_cast<cudaStream_t>(stream);
   dispatch_dtype_cuda(shape.dtype, [&](auto tag) {
-    status = backward<decltype(tag)>(shape, args, static_cast<cudaStream_t>(stream));
+    using T = decltype(tag);
+    status = args.saved_logits != nullptr ? backward<T, float>(shape, args, s)
+                                          : backward<T, T>(shape, args, s);
   });
   return status;
 }

@@ -436,6 +436,9 @@ bool prepare_joint_args(OpKernelContext* ctx, const JointPlan& plan, const Joint
   a->kernel = ctx->input(2).tensor_data().data();
   a->bias = ctx->input(3).tensor_data().data();
   a->labels = ctx->input(4).flat<int32_t>().data();
+  a->host_node_offsets = plan.host_offsets.data();
+  a->host_logit_lengths = ctx->input(host_lengths_index).flat<int32_t>().data();
+  a->host_label_lengths = ctx->input(host_lengths_index + 1).flat<int32_t>().data();
   a->num_nodes = plan.num_nodes;
   a->tile_nodes = tile;
   a->workspace = const_cast<char*>(workspace->tensor_data().data());

@@ -31,8 +31,11 @@ class ModelConfig:
     fastemit_lambda: float = 0.0
 
 
-LARGE = dict(conv_channels=64, encoder_dim=512, encoder_layers=4, embedding_dim=128,
-             predictor_dim=320, joint_dim=320, dropout=0.15)
+# GPU settings. A 4 x 512 LSTM stack (dropout 0.15) plateaued at a loss of about 11 and 89% WER
+# on the 3000-utterance set at this learning rate (H200, 100 epochs): 3 x 384 is the larger
+# model that trains.
+LARGE = dict(conv_channels=64, encoder_dim=384, encoder_layers=3, embedding_dim=96,
+             predictor_dim=256, joint_dim=256, dropout=0.1)
 
 
 @keras.saving.register_keras_serializable(package="tf_rnnt_speech")

@@ -67,7 +67,8 @@ def with_gradients(fn, params, device, dtype=tf.float32):
         with tf.GradientTape() as tape:
             tape.watch(tensors)
             out = fn(*tensors)
-            total = tf.reduce_sum(out * tf.linspace(0.5, 1.5, tf.shape(out)[0]))
+            weights = np.linspace(0.5, 1.5, out.shape[0]).astype(np.float32)
+            total = tf.reduce_sum(tf.cast(out, tf.float32) * weights)
         grads = tape.gradient(total, tensors)
     return [tf.cast(out, tf.float64).numpy()] + [tf.cast(g, tf.float64).numpy() for g in grads]
 

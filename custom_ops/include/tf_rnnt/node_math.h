@@ -83,6 +83,22 @@ TF_RNNT_HD LseState lse_push(LseState s, float x) {
   return s;
 }
 
+// lse_push of n values at once: one rescale for the block, so the n exp() are independent.
+// A block holding +inf falls back to lse_push element by element (same result).
+template <int n>
+TF_RNNT_HD LseState lse_push_block(LseState s, const float (&x)[n]) {
+  float m = s.max;
+  for (int k = 0; k < n; ++k) m = fmaxf(m, x[k]);  // fmaxf skips NaN; the sum below keeps it
+  if (m == kNegInf) return s;
+  if (m == INFINITY) {
+    for (int k = 0; k < n; ++k) s = lse_push(s, x[k]);
+    return s;
+  }
+  float sum = s.max == kNegInf ? 0.f : s.sum * expf(s.max - m);
+  for (int k = 0; k < n; ++k) sum += expf(x[k] - m);  // exp(-inf) = 0: masked entries add nothing
+  return LseState{m, sum};
+}
+
 TF_RNNT_HD LseState lse_merge(LseState a, LseState b) {
   if (a.max == kNegInf) return b;
   if (b.max == kNegInf) return a;
@@ -94,8 +110,11 @@ TF_RNNT_HD float lse_value(LseState s) { return s.max + logf(s.sum); }
 
 // d logits(v) for lattice = (logit(blank) - lse, logit(label) - lse):
 //   g_blank * (1[v == blank] - p_v) + g_label * (1[v == label] - p_v)
+// A node whose two gradients are zero (padding, or a sample whose cost is not finite) gets exact
+// zeros, even where its logits are NaN or inf.
 TF_RNNT_HD float logit_grad(float logit, float lse, int v, int blank, int label, float g_blank,
                             float g_label) {
+  if (g_blank == 0.f && g_label == 0.f) return 0.f;
   float g = -expf(logit - lse) * (g_blank + g_label);
   if (v == blank) g += g_blank;
   if (v == label) g += g_label;

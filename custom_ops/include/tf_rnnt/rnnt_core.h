@@ -99,8 +99,8 @@ size_t joint_workspace_bytes_cuda(const JointShape& shape, int64_t tile_nodes, b
                                   bool untiled);
 
 // Row widths of the tile buffers and of the untiled mode's kept tensors. The GPU path appends a
-// ones column to the joint values (it carries the bias through the GEMMs, so d bias comes out of
-// the d kernel GEMM) and pads both widths to multiples of 8 for aligned tensor-core GEMMs.
+// ones column to the joint values (through the d kernel GEMM it yields d bias) and pads both
+// widths to multiples of 8 for aligned tensor-core GEMMs.
 inline int joint_hidden_width(const JointShape& s, bool gpu) {
   return gpu ? ((s.H + 1 + 7) / 8) * 8 : s.H;
 }
@@ -121,6 +121,9 @@ struct JointForwardArgs {
   const void* bias;       // [V] dtype
   const int32_t* labels;  // [B, U]
   const int64_t* node_offsets;  // [B + 1] (host pointer on CPU, device pointer on GPU)
+  const int64_t* host_node_offsets;   // [B + 1] host copies (the GPU path plans launches with them)
+  const int32_t* host_logit_lengths;  // [B]
+  const int32_t* host_label_lengths;  // [B]
   int64_t num_nodes;            // offsets[B]
   int64_t tile_nodes;
   void* workspace;        // joint_workspace_bytes_{cpu,cuda}(shape, tile_nodes, false, untiled)
@@ -139,6 +142,9 @@ struct JointBackwardArgs {
   const void* bias;
   const int32_t* labels;
   const int64_t* node_offsets;
+  const int64_t* host_node_offsets;
+  const int32_t* host_logit_lengths;
+  const int32_t* host_label_lengths;
   int64_t num_nodes;
   int64_t tile_nodes;
   void* workspace;        // joint_workspace_bytes_{cpu,cuda}(shape, tile_nodes, true, untiled)
