@@ -17,7 +17,8 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 source .tfgpu/bin/activate
 LIB=$PWD/build/gpu/tf_rnnt/_tf_rnnt_ops.so
 export TF_RNNT_LIBRARY=$LIB PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-export TF_CPP_MIN_LOG_LEVEL=2 TF_FORCE_GPU_ALLOW_GROWTH=true
+# Memory growth only where processes share a GPU (pytest -n); benchmarks read the allocator's peak.
+export TF_CPP_MIN_LOG_LEVEL=2
 GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 # Tests and benchmarks use GPU 0; the speech run uses the last GPU when there are two.
@@ -26,10 +27,10 @@ for step in "$@"; do
   echo "=== $step ($(date +%T))"
   case $step in
     quick)
-      gpu0 python3 -m pytest -q -p no:cacheprovider -n 8 -k "GPU or gpu" tests/test_joint_lattice.py \
+      TF_FORCE_GPU_ALLOW_GROWTH=true gpu0 python3 -m pytest -q -p no:cacheprovider -n 8 -k "GPU or gpu" tests/test_joint_lattice.py \
         2>&1 | tee "$OUT/pytest_quick.log" | tail -15 ;;
     tests)
-      gpu0 python3 -m pytest -q -p no:cacheprovider -n 12 tests/test_rnnt_ops.py tests/test_joint_lattice.py \
+      TF_FORCE_GPU_ALLOW_GROWTH=true gpu0 python3 -m pytest -q -p no:cacheprovider -n 12 tests/test_rnnt_ops.py tests/test_joint_lattice.py \
         tests/test_golden.py tests/test_keras.py tests/test_samplewise.py tests/test_robustness.py \
         tests/test_properties.py 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
     robustness)
@@ -43,7 +44,7 @@ for step in "$@"; do
           | grep -E "^\| target|matmul rate"
       done ;;
     profile)
-      for dtype in float32 bfloat16; do
+      for dtype in ${PROFILE_DTYPES:-float32 bfloat16}; do
         gpu0 ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum \
           --csv --page raw python3 benchmarks/profile_joint.py --dtype $dtype > "$OUT/ncu_$dtype.csv" 2>/dev/null
         echo "-- $dtype"; python3 benchmarks/profile_joint.py --summarize "$OUT/ncu_$dtype.csv" | head -16
@@ -73,7 +74,7 @@ for step in "$@"; do
       # Two runs side by side on the last GPU: the --large defaults, and the same at half the
       # learning rate.
       for run in large:1e-3 large_lr5e-4:5e-4; do
-        CUDA_VISIBLE_DEVICES=$((GPUS - 1)) setsid nohup python3 examples/speech/train.py --large \
+        TF_FORCE_GPU_ALLOW_GROWTH=true CUDA_VISIBLE_DEVICES=$((GPUS - 1)) setsid nohup python3 examples/speech/train.py --large \
           --data /tmp/speech/speech_big --out /tmp/speech/${run%%:*} --learning-rate ${run##*:} \
           --time-limit ${SPEECH_MINUTES:-14} > /tmp/speech/${run%%:*}.log 2>&1 < /dev/null &
       done
