@@ -9,7 +9,7 @@ is trimmed, band-limited and stored as 8 kHz 16-bit mono WAV (telephone band, to
 repository small: the pipeline resamples to 16 kHz), and gets background noise at a random SNR.
 The test split holds digit strings that never occur in the training split.
 
-    python examples/speech/make_data.py --out /tmp/speech_big --train 4000 --test 300
+    python examples/speech/make_data.py --out /tmp/speech_big --train 3000 --test 300
 """
 
 import argparse
