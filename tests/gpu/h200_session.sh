@@ -8,6 +8,7 @@
 #     ab          tiled flash step at "target", float32 and bfloat16: build/gpu_old vs build/gpu
 #     profile     per-kernel times (Nsight Compute) of one tiled step, float32 and bfloat16
 #     bench       benchmarks/bench_rnnt.py --suite all
+#     mixed       tests/gpu/mixed_bf16_check.py: where a mixed_bfloat16 training step turns NaN
 #     sanitize    compute-sanitizer memcheck, racecheck, initcheck on tests/gpu/sanitizer_case.py
 #     speech      start examples/speech/train.py --large on the last GPU, detached (setsid)
 #     speech-wait wait for it and copy its results to $OUT
@@ -52,6 +53,8 @@ for step in "$@"; do
     bench)
       gpu0 python3 benchmarks/bench_rnnt.py --suite all --out "$OUT/h200.md" 2>&1 \
         | grep -v -E "^(WARNING|I0000)" | tail -60 ;;
+    mixed)
+      gpu0 python3 tests/gpu/mixed_bf16_check.py 2>&1 | grep -E "^(op|model)" ;;
     sanitize)
       for tool in memcheck racecheck initcheck; do
         args=""; [[ $tool == racecheck ]] && args="--joint-dtypes float32"
