@@ -104,6 +104,22 @@ def _check_rank(tensor, rank, argument, owner, layout):
                          f"{tensor.shape}.")
 
 
+def _labels_for(y_true, y_pred, owner):
+    """`y_true` as [B, U] int32 labels for `y_pred` of shape [B, T, U+1, ...], and the run-time
+    checks of that agreement."""
+    labels = _labels_as_int(y_true, "y_true", owner)
+    _check_rank(labels, 2, "y_true", owner, "[B, U] padded labels")
+    asserts = _check_same_batch(owner, ("y_true", labels), ("y_pred", y_pred))
+    num_labels, num_nodes = _static_dim(labels, 1), _static_dim(y_pred, 2)
+    if num_labels is not None and num_nodes is not None and num_nodes != num_labels + 1:
+        raise ValueError(f"{owner}: `y_pred` must have U+1 = {num_labels + 1} label nodes "
+                         f"for `y_true` of length U = {num_labels}, got shape {y_pred.shape}.")
+    asserts.append(tf.debugging.assert_equal(
+        tf.shape(y_pred)[2], tf.shape(labels)[1] + 1,
+        message=f"{owner}: `y_pred` must have U+1 label nodes for `y_true` of length U"))
+    return labels, asserts
+
+
 def _check_same_batch(owner, *named):
     """Static check where batch sizes are known, runtime asserts for the rest."""
     known = [(name, _static_dim(t, 0)) for name, t in named if _static_dim(t, 0) is not None]
@@ -467,17 +483,7 @@ class FlashRNNTLoss(_TransducerLoss):
                              f"RNNTJoint, got shape {lattice.shape}; for [B, T, U+1, V] logits "
                              f"use tf_rnnt.keras.RNNTLoss.")
         lattice = tf.cast(lattice, tf.float32)
-        labels = _labels_as_int(y_true, "y_true", owner)
-        _check_rank(labels, 2, "y_true", owner, "[B, U] padded labels")
-        asserts = _check_same_batch(owner, ("y_true", labels), ("y_pred", lattice))
-        num_labels, num_nodes = _static_dim(labels, 1), _static_dim(lattice, 2)
-        if num_labels is not None and num_nodes is not None and num_nodes != num_labels + 1:
-            raise ValueError(f"{owner}: `y_pred` must have U+1 = {num_labels + 1} label nodes "
-                             f"for `y_true` of length U = {num_labels}, got shape "
-                             f"{lattice.shape}.")
-        asserts.append(tf.debugging.assert_equal(
-            tf.shape(lattice)[2], tf.shape(labels)[1] + 1,
-            message=f"{owner}: `y_pred` must have U+1 label nodes for `y_true` of length U"))
+        labels, asserts = _labels_for(y_true, lattice, owner)
         asserts.append(tf.debugging.assert_equal(
             tf.shape(lattice)[3], 2, message=f"{owner}: `y_pred` must be a [B, T, U+1, 2] "
                                              f"lattice"))
@@ -542,17 +548,7 @@ class RNNTLoss(_TransducerLoss):
             logits = tf.cast(logits, tf.float32)
         blank = self.blank % vocab_size
         _check_pad_value(self.pad_value, blank, vocab_size, owner)
-        labels = _labels_as_int(y_true, "y_true", owner)
-        _check_rank(labels, 2, "y_true", owner, "[B, U] padded labels")
-        asserts = _check_same_batch(owner, ("y_true", labels), ("y_pred", logits))
-        num_labels, num_nodes = _static_dim(labels, 1), _static_dim(logits, 2)
-        if num_labels is not None and num_nodes is not None and num_nodes != num_labels + 1:
-            raise ValueError(f"{owner}: `y_pred` must have U+1 = {num_labels + 1} label nodes "
-                             f"for `y_true` of length U = {num_labels}, got shape "
-                             f"{logits.shape}.")
-        asserts.append(tf.debugging.assert_equal(
-            tf.shape(logits)[2], tf.shape(labels)[1] + 1,
-            message=f"{owner}: `y_pred` must have U+1 label nodes for `y_true` of length U"))
+        labels, asserts = _labels_for(y_true, logits, owner)
         clean_labels, label_lengths, checks = _label_lengths(
             labels, self.pad_value, blank, vocab_size, "y_true", owner)
         asserts += checks
