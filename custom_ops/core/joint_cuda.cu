@@ -202,6 +202,22 @@ __global__ void logit_grads_kernel(int64_t n0, int64_t rows, const L* logits,
   }
 }
 
+// sum of term(k) for k < count in four interleaved chains (memory-level parallelism), added up
+// in a fixed order, so the result does not depend on scheduling.
+template <typename Term>
+__device__ __forceinline__ float chained_sum(int count, Term term) {
+  float acc0 = 0.f, acc1 = 0.f, acc2 = 0.f, acc3 = 0.f;
+  int k = 0;
+  for (; k + 3 < count; k += 4) {
+    acc0 += term(k);
+    acc1 += term(k + 1);
+    acc2 += term(k + 2);
+    acc3 += term(k + 3);
+  }
+  for (; k < count; ++k) acc0 += term(k);
+  return (acc0 + acc1) + (acc2 + acc3);
+}
+
 // d encoder[b, t] += sum over the tile's nodes (b, t, u) of d hidden * act'(enc + pred); the
 // activation is recomputed from the inputs (cached) instead of read back from z.
 // Block x: the x-th (b, t) row that meets the tile, counted from the tile's first node's row
@@ -232,16 +248,7 @@ __global__ void encoder_grad_kernel(int64_t n0, int64_t rows, int b0, int t0,
     const float y = activate(e + to_float(p[k * H]), activation);
     return to_float(dh[static_cast<int64_t>(k) * Hp]) * activation_grad(y, activation);
   };
-  float acc0 = 0.f, acc1 = 0.f, acc2 = 0.f, acc3 = 0.f;  // four chains; fixed order
-  int k = 0;
-  for (; k + 3 < run; k += 4) {
-    acc0 += term(k);
-    acc1 += term(k + 1);
-    acc2 += term(k + 2);
-    acc3 += term(k + 3);
-  }
-  for (; k < run; ++k) acc0 += term(k);
-  d_encoder[e_index] += (acc0 + acc1) + (acc2 + acc3);
+  d_encoder[e_index] += chained_sum(run, term);
 }
 
 // d predictor[b, u] += sum over the tile's nodes (b, t, u) of d hidden * act'(enc + pred).
@@ -279,17 +286,7 @@ __global__ void predictor_grad_kernel(int64_t n0, int64_t rows, int b0,
     const float y = activate(to_float(e[static_cast<int64_t>(k) * H]) + p, activation);
     return to_float(dh[k * stride]) * activation_grad(y, activation);
   };
-  const int count = t_hi - t_lo;
-  float acc0 = 0.f, acc1 = 0.f, acc2 = 0.f, acc3 = 0.f;  // four chains; fixed order
-  int k = 0;
-  for (; k + 3 < count; k += 4) {
-    acc0 += term(k);
-    acc1 += term(k + 1);
-    acc2 += term(k + 2);
-    acc3 += term(k + 3);
-  }
-  for (; k < count; ++k) acc0 += term(k);
-  d_predictor[p_index] += (acc0 + acc1) + (acc2 + acc3);
+  d_predictor[p_index] += chained_sum(t_hi - t_lo, term);
 }
 
 // The tile [n0, n0 + rows) on the host: its first node's (b, t), the number of (b, t) rows it
