@@ -199,13 +199,10 @@ def output_lengths(feature_lengths):
     return tf.cast(feature_lengths, tf.int32) // 2 // 2
 
 
-@keras.saving.register_keras_serializable(package="tf_rnnt_speech")
-class Predictor(keras.layers.Layer):
-    """LSTM prediction network over blank-prefixed labels.
-
-    Call: `predictor(labels)` with `[B, U]` labels padded with negative ids -> `[B, U+1, D]`:
-    step 0 sees the blank (the start symbol), step u the label u.
-    """
+class _PredictorBase(keras.layers.Layer):
+    """What both prediction networks share: their settings, the blank-prefixed token sequence,
+    the output shape and the config. Subclasses create their layers, then `self.drop` (in that
+    order, so seeded runs draw their random streams as before)."""
 
     def __init__(self, vocab_size, embedding_dim=64, predictor_dim=160, blank=0, dropout=0.1,
                  **kwargs):
@@ -215,6 +212,39 @@ class Predictor(keras.layers.Layer):
         self.predictor_dim = predictor_dim
         self.blank = blank
         self.dropout = dropout
+
+    def _tokens(self, labels):
+        """`[B, U]` labels padded with negative ids -> `[B, U+1]`: blank, then the labels (padding
+        read as blank)."""
+        labels = tf.cast(labels, tf.int32)
+        labels = tf.where(labels < 0, self.blank, labels)
+        return tf.pad(labels, [[0, 0], [1, 0]], constant_values=self.blank)
+
+    def compute_mask(self, inputs, previous_mask=None):
+        return None
+
+    def compute_output_shape(self, input_shape):
+        u = input_shape[1]
+        return (input_shape[0], None if u is None else u + 1, self.predictor_dim)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(vocab_size=self.vocab_size, embedding_dim=self.embedding_dim,
+                      predictor_dim=self.predictor_dim, blank=self.blank, dropout=self.dropout)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="tf_rnnt_speech")
+class Predictor(_PredictorBase):
+    """LSTM prediction network over blank-prefixed labels.
+
+    Call: `predictor(labels)` with `[B, U]` labels padded with negative ids -> `[B, U+1, D]`:
+    step 0 sees the blank (the start symbol), step u the label u.
+    """
+
+    def __init__(self, vocab_size, embedding_dim=64, predictor_dim=160, blank=0, dropout=0.1,
+                 **kwargs):
+        super().__init__(vocab_size, embedding_dim, predictor_dim, blank, dropout, **kwargs)
         self.embedding = keras.layers.Embedding(vocab_size, embedding_dim, name="embedding")
         self.lstm = keras.layers.LSTM(predictor_dim, return_sequences=True, return_state=True,
                                       name="lstm")
@@ -226,18 +256,8 @@ class Predictor(keras.layers.Layer):
         self.built = True
 
     def call(self, labels, training=False):
-        labels = tf.cast(labels, tf.int32)
-        labels = tf.where(labels < 0, self.blank, labels)
-        tokens = tf.pad(labels, [[0, 0], [1, 0]], constant_values=self.blank)
-        out, _, _ = self.lstm(self.embedding(tokens), training=training)
+        out, _, _ = self.lstm(self.embedding(self._tokens(labels)), training=training)
         return self.drop(out, training=training)
-
-    def compute_mask(self, inputs, previous_mask=None):
-        return None
-
-    def compute_output_shape(self, input_shape):
-        u = input_shape[1]
-        return (input_shape[0], None if u is None else u + 1, self.predictor_dim)
 
     def initial_state(self, batch_size):
         zeros = tf.zeros([batch_size, self.predictor_dim])
@@ -252,15 +272,9 @@ class Predictor(keras.layers.Layer):
         out, h, c = self.lstm(self.embedding(tokens[:, None]), initial_state=state)
         return out[:, 0], [h, c]
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(vocab_size=self.vocab_size, embedding_dim=self.embedding_dim,
-                      predictor_dim=self.predictor_dim, blank=self.blank, dropout=self.dropout)
-        return config
-
 
 @keras.saving.register_keras_serializable(package="tf_rnnt_speech")
-class StatelessPredictor(keras.layers.Layer):
+class StatelessPredictor(_PredictorBase):
     """Stateless prediction network (Ghodsi et al. 2020): the output for a step depends on the
     current and the previous token only (embeddings of both, one tanh layer).
 
@@ -271,12 +285,7 @@ class StatelessPredictor(keras.layers.Layer):
 
     def __init__(self, vocab_size, embedding_dim=64, predictor_dim=160, blank=0, dropout=0.1,
                  **kwargs):
-        super().__init__(**kwargs)
-        self.vocab_size = vocab_size
-        self.embedding_dim = embedding_dim
-        self.predictor_dim = predictor_dim
-        self.blank = blank
-        self.dropout = dropout
+        super().__init__(vocab_size, embedding_dim, predictor_dim, blank, dropout, **kwargs)
         self.current = keras.layers.Embedding(vocab_size, embedding_dim, name="current")
         self.previous = keras.layers.Embedding(vocab_size, embedding_dim, name="previous")
         self.dense = keras.layers.Dense(predictor_dim, activation="tanh", name="dense")
@@ -293,18 +302,9 @@ class StatelessPredictor(keras.layers.Layer):
         return self.drop(self.dense(x), training=training)
 
     def call(self, labels, training=False):
-        labels = tf.cast(labels, tf.int32)
-        labels = tf.where(labels < 0, self.blank, labels)
-        tokens = tf.pad(labels, [[0, 0], [1, 0]], constant_values=self.blank)
+        tokens = self._tokens(labels)
         previous = tf.pad(tokens[:, :-1], [[0, 0], [1, 0]], constant_values=self.blank)
         return self._output(tokens, previous, training)
-
-    def compute_mask(self, inputs, previous_mask=None):
-        return None
-
-    def compute_output_shape(self, input_shape):
-        u = input_shape[1]
-        return (input_shape[0], None if u is None else u + 1, self.predictor_dim)
 
     def initial_state(self, batch_size):
         return [tf.fill([batch_size], self.blank)]
@@ -316,12 +316,6 @@ class StatelessPredictor(keras.layers.Layer):
         """One step: `[B]` token ids and `[previous token]` -> (`[B, D]`, `[tokens]`)."""
         tokens = tf.cast(tokens, tf.int32)
         return self._output(tokens, state[0]), [tokens]
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(vocab_size=self.vocab_size, embedding_dim=self.embedding_dim,
-                      predictor_dim=self.predictor_dim, blank=self.blank, dropout=self.dropout)
-        return config
 
 
 def build_model(config=ModelConfig(), learning_rate=1e-3, steps=None):
