@@ -110,14 +110,22 @@ def _labels_for(y_true, y_pred, owner):
     labels = _labels_as_int(y_true, "y_true", owner)
     _check_rank(labels, 2, "y_true", owner, "[B, U] padded labels")
     asserts = _check_same_batch(owner, ("y_true", labels), ("y_pred", y_pred))
-    num_labels, num_nodes = _static_dim(labels, 1), _static_dim(y_pred, 2)
-    if num_labels is not None and num_nodes is not None and num_nodes != num_labels + 1:
-        raise ValueError(f"{owner}: `y_pred` must have U+1 = {num_labels + 1} label nodes "
-                         f"for `y_true` of length U = {num_labels}, got shape {y_pred.shape}.")
-    asserts.append(tf.debugging.assert_equal(
-        tf.shape(y_pred)[2], tf.shape(labels)[1] + 1,
-        message=f"{owner}: `y_pred` must have U+1 label nodes for `y_true` of length U"))
+    asserts.append(_check_u_plus_one(
+        labels, y_pred, 2, owner,
+        static=lambda u, got: (f"`y_pred` must have U+1 = {u + 1} label nodes for `y_true` of "
+                               f"length U = {u}, got shape {y_pred.shape}."),
+        dynamic="`y_pred` must have U+1 label nodes for `y_true` of length U"))
     return labels, asserts
+
+
+def _check_u_plus_one(labels, tensor, axis, owner, static, dynamic):
+    """`tensor.shape[axis]` == U + 1 for `[B, U]` labels: a ValueError now when both are static
+    (`static(U, got)` says what is wrong), else the returned run-time assertion (`dynamic`)."""
+    num_labels, num_nodes = _static_dim(labels, 1), _static_dim(tensor, axis)
+    if num_labels is not None and num_nodes is not None and num_nodes != num_labels + 1:
+        raise ValueError(f"{owner}: {static(num_labels, num_nodes)}")
+    return tf.debugging.assert_equal(tf.shape(tensor)[axis], tf.shape(labels)[1] + 1,
+                                     message=f"{owner}: {dynamic}")
 
 
 def _check_same_batch(owner, *named):
@@ -313,13 +321,11 @@ class RNNTJoint(keras.layers.Layer):
         labels = _labels_as_int(labels, "labels", owner)
         asserts = _check_same_batch(owner, ("encoder_out", encoder_out),
                                     ("predictor_out", predictor_out), ("labels", labels))
-        num_labels, num_nodes = _static_dim(labels, 1), _static_dim(predictor_out, 1)
-        if num_labels is not None and num_nodes is not None and num_nodes != num_labels + 1:
-            raise ValueError(f"{owner}: `predictor_out` must have U+1 = {num_labels + 1} steps "
-                             f"for `labels` of length U = {num_labels}, got {num_nodes}.")
-        asserts.append(tf.debugging.assert_equal(
-            tf.shape(predictor_out)[1], tf.shape(labels)[1] + 1,
-            message=f"{owner}: `predictor_out` must have U+1 steps for `labels` of length U"))
+        asserts.append(_check_u_plus_one(
+            labels, predictor_out, 1, owner,
+            static=lambda u, got: (f"`predictor_out` must have U+1 = {u + 1} steps for `labels` "
+                                   f"of length U = {u}, got {got}."),
+            dynamic="`predictor_out` must have U+1 steps for `labels` of length U"))
 
         num_frames = tf.shape(encoder_out)[1]
         encoder_mask = mask[0] if isinstance(mask, (list, tuple)) else None
