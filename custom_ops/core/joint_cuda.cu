@@ -47,11 +47,11 @@ __global__ void node_offsets_kernel(const int32_t* logit_lengths, const int32_t*
   }
 }
 
-// Kp [Hp, Vp] = [[kernel, 0], [0, 0]]: the zero padding keeps every GEMM operand 16-byte aligned.
+// Kp [Hk, Vp] = [[kernel, 0], [0, 0]]: the zero padding keeps every GEMM operand 16-byte aligned.
 template <typename T>
-__global__ void padded_kernel_kernel(const T* __restrict__ kernel, int H, int V, int Hp, int Vp,
+__global__ void padded_kernel_kernel(const T* __restrict__ kernel, int H, int V, int Hk, int Vp,
                                      T* __restrict__ out) {
-  const int64_t total = static_cast<int64_t>(Hp) * Vp;
+  const int64_t total = static_cast<int64_t>(Hk) * Vp;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int h = static_cast<int>(i / Vp), v = static_cast<int>(i % Vp);
@@ -92,7 +92,7 @@ template <typename T>
 __global__ void hidden_kernel(int64_t n0, int64_t rows, const T* __restrict__ encoder,
                               const T* __restrict__ predictor, const int64_t* __restrict__ offsets,
                               const int32_t* __restrict__ label_lengths, int B, int T_max, int U1,
-                              int H, int Hp, int activation, T* __restrict__ z) {
+                              int H, int Hz, int activation, T* __restrict__ z) {
   constexpr int kPack = 16 / sizeof(T);
   const int lane = threadIdx.x & 31;
   const bool packed = H % kPack == 0;
@@ -101,7 +101,7 @@ __global__ void hidden_kernel(int64_t n0, int64_t rows, const T* __restrict__ en
     const NodeIndex i = locate_node(n0 + r, offsets, B, label_lengths);
     const T* e = encoder + (static_cast<int64_t>(i.b) * T_max + i.t) * H;
     const T* p = predictor + (static_cast<int64_t>(i.b) * U1 + i.u) * H;
-    T* out = z + r * Hp;
+    T* out = z + r * Hz;
     if (packed) {
       for (int h = lane * kPack; h < H; h += 32 * kPack) {
         const uint4 e_bits = *reinterpret_cast<const uint4*>(e + h);
@@ -121,7 +121,7 @@ __global__ void hidden_kernel(int64_t n0, int64_t rows, const T* __restrict__ en
         out[h] = from_float<T>(activate(to_float(e[h]) + to_float(p[h]), activation));
       }
     }
-    for (int h = H + lane; h < Hp; h += 32) out[h] = from_float<T>(h == H ? 1.f : 0.f);
+    for (int h = H + lane; h < Hz; h += 32) out[h] = from_float<T>(h == H ? 1.f : 0.f);
   }
 }
 
@@ -229,7 +229,7 @@ __global__ void encoder_grad_kernel(int64_t n0, int64_t rows, int b0, int t0,
                                     const int64_t* __restrict__ offsets,
                                     const int32_t* __restrict__ logit_lengths,
                                     const int32_t* __restrict__ label_lengths, int T_max, int U1,
-                                    int H, int Hp, int activation,
+                                    int H, int Hz, int activation,
                                     float* __restrict__ d_encoder) {
   const int h = blockIdx.y * blockDim.x + threadIdx.x;
   if (h >= H) return;
@@ -243,10 +243,10 @@ __global__ void encoder_grad_kernel(int64_t n0, int64_t rows, int b0, int t0,
   const int64_t e_index = (static_cast<int64_t>(b) * T_max + t) * H + h;
   const float e = to_float(encoder[e_index]);
   const T* p = predictor + (static_cast<int64_t>(b) * U1 + (first - row_start)) * H + h;
-  const T* dh = d_hidden + (first - n0) * Hp + h;
+  const T* dh = d_hidden + (first - n0) * Hz + h;
   auto term = [&](int k) {
     const float y = activate(e + to_float(p[k * H]), activation);
-    return to_float(dh[static_cast<int64_t>(k) * Hp]) * activation_grad(y, activation);
+    return to_float(dh[static_cast<int64_t>(k) * Hz]) * activation_grad(y, activation);
   };
   d_encoder[e_index] += chained_sum(run, term);
 }
@@ -262,7 +262,7 @@ __global__ void predictor_grad_kernel(int64_t n0, int64_t rows, int b0,
                                       const int64_t* __restrict__ offsets,
                                       const int32_t* __restrict__ logit_lengths,
                                       const int32_t* __restrict__ label_lengths, int T_max,
-                                      int U1, int H, int Hp, int activation,
+                                      int U1, int H, int Hz, int activation,
                                       float* __restrict__ d_predictor) {
   const int h = blockIdx.y * blockDim.x + threadIdx.x;
   if (h >= H) return;
@@ -280,8 +280,8 @@ __global__ void predictor_grad_kernel(int64_t n0, int64_t rows, int b0,
   const int64_t p_index = (static_cast<int64_t>(b) * U1 + u) * H + h;
   const float p = to_float(predictor[p_index]);
   const T* e = encoder + (static_cast<int64_t>(b) * T_max + t_lo) * H + h;
-  const int64_t stride = static_cast<int64_t>(U1_b) * Hp;
-  const T* dh = d_hidden + (offsets[b] + static_cast<int64_t>(t_lo) * U1_b + u - n0) * Hp + h;
+  const int64_t stride = static_cast<int64_t>(U1_b) * Hz;
+  const T* dh = d_hidden + (offsets[b] + static_cast<int64_t>(t_lo) * U1_b + u - n0) * Hz + h;
   auto term = [&](int k) {
     const float y = activate(to_float(e[static_cast<int64_t>(k) * H]) + p, activation);
     return to_float(dh[k * stride]) * activation_grad(y, activation);
@@ -377,13 +377,11 @@ struct JointBuffers {
   }
 };
 
-int gemm_hidden_width(int H) { return ((H + 7) / 8) * 8; }
-
 // L: the logits' dtype (T in tiled mode, float32 when untiled mode keeps them).
 template <typename T, typename L>
 Status forward(const JointShape& s, const JointForwardArgs& a, cudaStream_t stream) {
   const int H = s.H, V = s.V, Vp = joint_logits_width(s, true);
-  const int Hz = joint_hidden_width(s, true), Hk = gemm_hidden_width(H);
+  const int Hz = joint_hidden_width(s, true), Hk = round_up_to_8(H);
   RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(
       a.lattice, 0, sizeof(float) * 2 * static_cast<size_t>(s.B) * s.T * s.U1, stream)));
   if (a.num_nodes == 0) return Status();
@@ -417,7 +415,7 @@ Status forward(const JointShape& s, const JointForwardArgs& a, cudaStream_t stre
 template <typename T, typename L>
 Status backward(const JointShape& s, const JointBackwardArgs& a, cudaStream_t stream) {
   const int H = s.H, V = s.V, Vp = joint_logits_width(s, true);
-  const int Hz = joint_hidden_width(s, true), Hk = gemm_hidden_width(H);
+  const int Hz = joint_hidden_width(s, true), Hk = round_up_to_8(H);
   RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(
       a.d_encoder, 0, sizeof(float) * static_cast<size_t>(s.B) * s.T * H, stream)));
   RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(
@@ -493,7 +491,7 @@ Status backward(const JointShape& s, const JointBackwardArgs& a, cudaStream_t st
 size_t joint_workspace_bytes_cuda(const JointShape& s, int64_t tile_nodes, bool backward,
                                   bool untiled) {
   size_t bytes = 0;
-  const size_t Hz = joint_hidden_width(s, true), Hk = gemm_hidden_width(s.H);
+  const size_t Hz = joint_hidden_width(s, true), Hk = round_up_to_8(s.H);
   const size_t Vp = joint_logits_width(s, true);
   dispatch_dtype_cuda(s.dtype, [&](auto tag) {
     bytes = JointBuffers<decltype(tag)>(nullptr, static_cast<size_t>(tile_nodes), Hk, Hz, Vp,

@@ -101,11 +101,12 @@ size_t joint_workspace_bytes_cuda(const JointShape& shape, int64_t tile_nodes, b
 // Row widths of the tile buffers and of the untiled mode's kept tensors. The GPU path appends a
 // ones column to the joint values (through the d kernel GEMM it yields d bias) and pads both
 // widths to multiples of 8 for aligned tensor-core GEMMs.
+inline int round_up_to_8(int n) { return (n + 7) / 8 * 8; }
 inline int joint_hidden_width(const JointShape& s, bool gpu) {
-  return gpu ? ((s.H + 1 + 7) / 8) * 8 : s.H;
+  return gpu ? round_up_to_8(s.H + 1) : s.H;
 }
 inline int joint_logits_width(const JointShape& s, bool gpu) {
-  return gpu ? ((s.V + 7) / 8) * 8 : s.V;
+  return gpu ? round_up_to_8(s.V) : s.V;
 }
 
 // Host-side plan: packed node offsets [B + 1] from host lengths.
