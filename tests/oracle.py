@@ -257,6 +257,28 @@ def random_joint_problem(rng, batch, max_t, max_u, hidden, vocab, blank=0, ragge
     return encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths
 
 
+def float32_joint_problem(seed, shape, blank=0, ragged=True):
+    """random_joint_problem for `shape` = (B, T, U, H, V) with float32-representable float64
+    parameters, so float32 runs see exactly the oracle's inputs."""
+    encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths = \
+        random_joint_problem(np.random.default_rng(seed), *shape, blank=blank, ragged=ragged)
+    params = [x.astype(np.float32).astype(np.float64) for x in (encoder, predictor, kernel, bias)]
+    return (*params, labels, logit_lengths, label_lengths)
+
+
+def blank_id(blank, vocab):
+    """A test's blank parameter as an id: an int (negative counts from the end) or "middle"."""
+    return vocab // 2 if blank == "middle" else blank
+
+
+def upstream_weights(batch, seed=1):
+    """Per-sample weights of the costs (d total / d cost_b): some negative, the middle one 0."""
+    weights = np.random.default_rng(seed).uniform(-2.0, 2.0, size=batch)
+    if batch > 1:
+        weights[batch // 2] = 0.0
+    return weights
+
+
 # ----------------------------------------------------------------------------- comparisons
 
 def assert_close(actual, expected, rtol=1e-5, err_msg=""):

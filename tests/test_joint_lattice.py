@@ -44,24 +44,9 @@ TILINGS = [
 GRAD_NAMES = ("encoder", "predictor", "kernel", "bias")
 
 
-def _blank(blank, vocab):
-    return vocab // 2 if blank == "middle" else blank
-
-
-def _problem(seed, shape, blank=0, ragged=True):
-    """encoder, predictor, kernel, bias (float32-representable), labels, lengths."""
-    rng = np.random.default_rng(seed)
-    encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths = \
-        oracle.random_joint_problem(rng, *shape, blank=blank, ragged=ragged)
-    params = [x.astype(np.float32).astype(np.float64) for x in (encoder, predictor, kernel, bias)]
-    return (*params, labels, logit_lengths, label_lengths)
-
-
-def _upstream(batch, seed=1):
-    weights = np.random.default_rng(seed).uniform(-2.0, 2.0, size=batch)
-    if batch > 1:
-        weights[batch // 2] = 0.0
-    return weights
+_blank = oracle.blank_id
+_problem = oracle.float32_joint_problem
+_upstream = oracle.upstream_weights
 
 
 # ------------------------------------------------------------------------------ runners

@@ -29,8 +29,7 @@ BLANKS = [pytest.param(0, id="blank0"), pytest.param(-1, id="blank_last"),
           pytest.param("middle", id="blank_middle")]
 
 
-def _blank(blank, vocab):
-    return vocab // 2 if blank == "middle" else blank
+_blank = oracle.blank_id
 
 
 def _problem(seed, shape, blank=0, ragged=True):
@@ -38,11 +37,7 @@ def _problem(seed, shape, blank=0, ragged=True):
     return oracle.random_problem(rng, *shape, blank=blank, ragged=ragged)
 
 
-def _upstream(batch, seed=1):
-    """Per-sample weights of the costs (0 included): d total / d cost_b."""
-    weights = np.random.default_rng(seed).uniform(-2.0, 2.0, size=batch)
-    weights[batch // 2] = 0.0 if batch > 1 else weights[0]
-    return weights
+_upstream = oracle.upstream_weights
 
 
 def _padding_mask(shape_btu, logit_lengths, label_lengths):

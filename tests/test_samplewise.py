@@ -35,33 +35,12 @@ GRAD_NAMES = ("encoder", "predictor", "kernel", "bias")
 SHAPE = (5, 7, 4, 6, 9)
 
 
-@pytest.fixture(autouse=True)
-def full_float32_matmuls():
-    enabled = tf.config.experimental.tensor_float_32_execution_enabled()
-    tf.config.experimental.enable_tensor_float_32_execution(False)
-    yield
-    tf.config.experimental.enable_tensor_float_32_execution(enabled)
-
-
-def _blank(blank, vocab):
-    return vocab // 2 if blank == "middle" else blank
+_blank = oracle.blank_id
+_upstream = oracle.upstream_weights
 
 
 def _problem(seed, shape=SHAPE, blank=0):
-    """encoder, predictor, kernel, bias (float32-representable float64), labels, lengths."""
-    rng = np.random.default_rng(seed)
-    encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths = \
-        oracle.random_joint_problem(rng, *shape, blank=blank)
-    params = [x.astype(np.float32).astype(np.float64) for x in (encoder, predictor, kernel, bias)]
-    return (*params, labels, logit_lengths, label_lengths)
-
-
-def _upstream(batch, seed=1):
-    """Per-sample upstream gradient: different per sample, one of them 0, some negative."""
-    weights = np.random.default_rng(seed).uniform(-2.0, 2.0, size=batch)
-    if batch > 1:
-        weights[batch // 2] = 0.0
-    return weights
+    return oracle.float32_joint_problem(seed, shape, blank)
 
 
 def _samplewise(*args, **options):
