@@ -18,6 +18,7 @@ if _TESTS_DIR not in sys.path:
 if importlib.util.find_spec("tf_rnnt") is None:
     sys.path.insert(0, _REPO_ROOT)  # running from a checkout without installing the package
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -106,3 +107,38 @@ def compile_for(fn, graph_mode, args):
         specs = [tf.TensorSpec([None] * len(a.shape), a.dtype) for a in args]
         return tf.function(fn, input_signature=specs)
     raise ValueError(graph_mode)
+
+
+def make_runner(loss_fn, device="/CPU:0", dtype=tf.float32, graph_mode="eager", **options):
+    """run(problem, upstream) -> (costs, [4 gradients of sum(upstream * costs)]), float64.
+
+    For the joint losses (`loss_fn(encoder, predictor, kernel, bias, labels, logit_lengths,
+    label_lengths, **options)`); `problem` is oracle.float32_joint_problem's tuple, `upstream`
+    per-sample weights (ones by default). The step is compiled once per runner."""
+    def step(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths, upstream):
+        params = [encoder, predictor, kernel, bias]
+        with tf.GradientTape() as tape:
+            tape.watch(params)
+            costs = loss_fn(encoder, predictor, kernel, bias, labels, logit_lengths,
+                            label_lengths, **options)
+            total = tf.reduce_sum(costs * upstream)
+        return costs, tape.gradient(total, params)
+
+    compiled = {}
+
+    def run(problem, upstream=None):
+        encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths = problem
+        upstream = np.ones(encoder.shape[0]) if upstream is None else upstream
+        with tf.device(device):
+            args = [tf.cast(tf.constant(x, tf.float32), dtype)
+                    for x in (encoder, predictor, kernel, bias)]
+            args += [tf.constant(labels), tf.constant(logit_lengths), tf.constant(label_lengths),
+                     tf.constant(upstream, tf.float32)]
+            if "fn" not in compiled:
+                compiled["fn"] = compile_for(step, graph_mode, args)
+            costs, grads = compiled["fn"](*args)
+        assert costs.dtype == tf.float32
+        assert [g.dtype for g in grads] == [dtype] * 4
+        return costs.numpy().astype(np.float64), [tf.cast(g, tf.float64).numpy() for g in grads]
+
+    return run

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import oracle
 import tf_rnnt
-from conftest import DEVICES, HALF_DTYPES, compile_for, requires_gpu
+from conftest import DEVICES, HALF_DTYPES, make_runner, requires_gpu
 from tf_rnnt import reference
 
 RTOL = 1e-5
@@ -54,27 +54,7 @@ _upstream = oracle.upstream_weights
 def run_flash(loss_fn, problem, upstream=None, device="/CPU:0", dtype=tf.float32,
               graph_mode="eager", **options):
     """Costs and the four gradients of sum(upstream * costs), as float64 NumPy."""
-    encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths = problem
-    upstream = np.ones(encoder.shape[0]) if upstream is None else upstream
-
-    def step(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths, upstream):
-        params = [encoder, predictor, kernel, bias]
-        with tf.GradientTape() as tape:
-            tape.watch(params)
-            costs = loss_fn(encoder, predictor, kernel, bias, labels, logit_lengths,
-                            label_lengths, **options)
-            total = tf.reduce_sum(costs * upstream)
-        return costs, tape.gradient(total, params)
-
-    with tf.device(device):
-        args = [tf.cast(tf.constant(x, tf.float32), dtype)
-                for x in (encoder, predictor, kernel, bias)]
-        args += [tf.constant(labels), tf.constant(logit_lengths), tf.constant(label_lengths),
-                 tf.constant(upstream, tf.float32)]
-        costs, grads = compile_for(step, graph_mode, args)(*args)
-    assert costs.dtype == tf.float32
-    assert all(g.dtype == dtype for g in grads)
-    return costs.numpy(), [tf.cast(g, tf.float64).numpy() for g in grads]
+    return make_runner(loss_fn, device, dtype, graph_mode, **options)(problem, upstream)
 
 
 def run_joint_lattice(problem, d_lattice, device="/CPU:0", dtype=tf.float32, **options):

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 import oracle
 import tf_rnnt
-from conftest import DEVICES, HALF_DTYPES, compile_for
+from conftest import DEVICES, HALF_DTYPES, compile_for, make_runner
 from tf_rnnt import reference, samplewise
 
 _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -52,37 +52,6 @@ def _reference(encoder, predictor, kernel, bias, labels, logit_lengths, label_le
     return reference.flash_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths,
                                      label_lengths, blank=blank, activation=activation,
                                      fastemit_lambda=fastemit_lambda)
-
-
-def make_runner(loss_fn, device="/CPU:0", dtype=tf.float32, graph_mode="eager", **options):
-    """run(problem, upstream) -> (costs, [4 gradients of sum(upstream * costs)]), float64."""
-    def step(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths, upstream):
-        params = [encoder, predictor, kernel, bias]
-        with tf.GradientTape() as tape:
-            tape.watch(params)
-            costs = loss_fn(encoder, predictor, kernel, bias, labels, logit_lengths,
-                            label_lengths, **options)
-            total = tf.reduce_sum(costs * upstream)
-        return costs, tape.gradient(total, params)
-
-    compiled = {}
-
-    def run(problem, upstream=None):
-        encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths = problem
-        upstream = np.ones(encoder.shape[0]) if upstream is None else upstream
-        with tf.device(device):
-            args = [tf.cast(tf.constant(x, tf.float32), dtype)
-                    for x in (encoder, predictor, kernel, bias)]
-            args += [tf.constant(labels), tf.constant(logit_lengths), tf.constant(label_lengths),
-                     tf.constant(upstream, tf.float32)]
-            if "fn" not in compiled:
-                compiled["fn"] = compile_for(step, graph_mode, args)
-            costs, grads = compiled["fn"](*args)
-        assert costs.dtype == tf.float32
-        assert [g.dtype for g in grads] == [dtype] * 4
-        return costs.numpy().astype(np.float64), [tf.cast(g, tf.float64).numpy() for g in grads]
-
-    return run
 
 
 def _compare(got, expected, rtol=RTOL, what=""):
