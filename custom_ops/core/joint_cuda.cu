@@ -3,8 +3,9 @@
 //             log-sum-exp of logits + bias and the blank/label picks (one warp per node);
 //   backward: recompute z and logits (tiled mode), d logits from the two per-node gradients in
 //             place, [d kernel; d bias] += [z, 1]^T @ d logits and d hidden = d logits @ kernel^T
-//             (cuBLAS; d hidden over z's buffer), then d encoder and d predictor by ordered
-//             reductions of d hidden * act'(enc + pred) (no atomics: deterministic).
+//             (cuBLAS; d hidden over z's buffer), then one pass over d hidden * act'(enc + pred)
+//             that completes d encoder and leaves per-chunk d predictor sums, and their sum
+//             (ordered reductions, no atomics: deterministic).
 // z rows are Hz = joint_hidden_width wide: H activations, a ones column (its d kernel row is
 // d bias), zeros; the GEMMs over H use Hk = H rounded up to 8 columns, so the ones column costs
 // only the d kernel GEMM an extra row.
@@ -86,6 +87,18 @@ __global__ void unpad_grad_kernel(const float* __restrict__ padded, int H, int V
   }
 }
 
+// act(x) for a tile of type T. bfloat16 tiles take the hardware tanh (tanh.approx.f32, relative
+// error under 2^-10.9), which their rounding to 8 significant bits hides; the others keep tanhf.
+template <typename T>
+__device__ __forceinline__ float tile_activate(float x, int activation) {
+  if (std::is_same<T, __nv_bfloat16>::value && activation == kTanh) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+  }
+  return activate(x, activation);
+}
+
 // z[n - n0] = (act(encoder[b, t] + predictor[b, u]), 1, 0...): a warp per node, 16-byte loads
 // and stores when H allows them.
 template <typename T>
@@ -112,13 +125,13 @@ __global__ void hidden_kernel(int64_t n0, int64_t rows, const T* __restrict__ en
         T* ov = reinterpret_cast<T*>(&out_bits);
 #pragma unroll
         for (int k = 0; k < kPack; ++k) {
-          ov[k] = from_float<T>(activate(to_float(ev[k]) + to_float(pv[k]), activation));
+          ov[k] = from_float<T>(tile_activate<T>(to_float(ev[k]) + to_float(pv[k]), activation));
         }
         *reinterpret_cast<uint4*>(out + h) = out_bits;
       }
     } else {
       for (int h = lane; h < H; h += 32) {
-        out[h] = from_float<T>(activate(to_float(e[h]) + to_float(p[h]), activation));
+        out[h] = from_float<T>(tile_activate<T>(to_float(e[h]) + to_float(p[h]), activation));
       }
     }
     for (int h = H + lane; h < Hz; h += 32) out[h] = from_float<T>(h == H ? 1.f : 0.f);
@@ -202,102 +215,185 @@ __global__ void logit_grads_kernel(int64_t n0, int64_t rows, const L* logits,
   }
 }
 
-// sum of term(k) for k < count in four interleaved chains (memory-level parallelism), added up
-// in a fixed order, so the result does not depend on scheduling.
-template <typename Term>
-__device__ __forceinline__ float chained_sum(int count, Term term) {
-  float acc0 = 0.f, acc1 = 0.f, acc2 = 0.f, acc3 = 0.f;
-  int k = 0;
-  for (; k + 3 < count; k += 4) {
-    acc0 += term(k);
-    acc1 += term(k + 1);
-    acc2 += term(k + 2);
-    acc3 += term(k + 3);
+// Frames are grouped in chunks of kChunkRows (aligned to t = 0) for the d encoder / d predictor
+// reductions: d predictor is summed over a chunk's frames in one block, then over chunks.
+// 16 is the size the H200 test suite and sanitizers ran with; 8 measured about 4% faster there
+// (benchmarks/results/rnnt_h200.md) and awaits those runs.
+constexpr int kChunkRows = 16;
+constexpr int kGradWarps = 8;  // warps per block of hidden_grads_kernel; warp w takes u = w mod 8
+
+// The tile's span: first node (b0, t0), last node (b1, t1).
+struct TileSpan {
+  int b0 = 0, t0 = 0, b1 = 0, t1 = 0;
+};
+
+// Chunks of sample b that meet the tile (0 for an empty sample).
+__host__ __device__ __forceinline__ int tile_chunks(int b, const TileSpan& span, int logit_length) {
+  const int first = b == span.b0 ? span.t0 : 0;
+  const int last = b == span.b1 ? span.t1 : logit_length - 1;
+  return last < first ? 0 : last / kChunkRows - first / kChunkRows + 1;
+}
+
+// Floats of the d predictor partial sums of one tile: a [chunks of b, U_b + 1, H] block per sample
+// b that meets it. At most H * (tile / kChunkRows + (B + 6) * (U + 1)): a sample inside the tile
+// adds at most one chunk beyond T_b / kChunkRows, the two edge samples at most 3 (U_b + 1) rows.
+size_t pred_partial_floats(const JointShape& s, size_t tile) {
+  return static_cast<size_t>(s.H) *
+         ((tile + kChunkRows - 1) / kChunkRows + static_cast<size_t>(s.B + 6) * s.U1);
+}
+
+// The chunk (sample b, its k-th chunk in the tile) of block x, and where its partial block
+// starts (in rows of H), counted over the samples from b0.
+struct ChunkRef {
+  int b, k;
+  int64_t partial_row;
+};
+
+__device__ __forceinline__ ChunkRef find_chunk(int x, const TileSpan& span,
+                                               const int32_t* logit_lengths,
+                                               const int32_t* label_lengths) {
+  ChunkRef c{span.b0, x, 0};
+  for (;;) {
+    const int n = tile_chunks(c.b, span, logit_lengths[c.b]);
+    if (c.k < n) break;
+    c.k -= n;
+    c.partial_row += static_cast<int64_t>(n) * (label_lengths[c.b] + 1);
+    ++c.b;
   }
-  for (; k < count; ++k) acc0 += term(k);
-  return (acc0 + acc1) + (acc2 + acc3);
+  c.partial_row += static_cast<int64_t>(c.k) * (label_lengths[c.b] + 1);
+  return c;
 }
 
-// d encoder[b, t] += sum over the tile's nodes (b, t, u) of d hidden * act'(enc + pred); the
-// activation is recomputed from the inputs (cached) instead of read back from z.
-// Block x: the x-th (b, t) row that meets the tile, counted from the tile's first node's row
-// (b0, t0); blockIdx.y splits H.
-template <typename T>
-__global__ void encoder_grad_kernel(int64_t n0, int64_t rows, int b0, int t0,
-                                    const T* __restrict__ d_hidden, const T* __restrict__ encoder,
-                                    const T* __restrict__ predictor,
-                                    const int64_t* __restrict__ offsets,
-                                    const int32_t* __restrict__ logit_lengths,
-                                    const int32_t* __restrict__ label_lengths, int T_max, int U1,
-                                    int H, int Hz, int activation,
-                                    float* __restrict__ d_encoder) {
-  const int h = blockIdx.y * blockDim.x + threadIdx.x;
-  if (h >= H) return;
-  int b = b0, t = t0 + static_cast<int>(blockIdx.x);
-  while (t >= logit_lengths[b]) t -= logit_lengths[b++];
-  const int U1_b = label_lengths[b] + 1;
-  const int64_t row_start = offsets[b] + static_cast<int64_t>(t) * U1_b;
-  const int64_t first = row_start > n0 ? row_start : n0;
-  const int64_t end = row_start + U1_b < n0 + rows ? row_start + U1_b : n0 + rows;
-  const int run = static_cast<int>(end - first);
-  const int64_t e_index = (static_cast<int64_t>(b) * T_max + t) * H + h;
-  const float e = to_float(encoder[e_index]);
-  const T* p = predictor + (static_cast<int64_t>(b) * U1 + (first - row_start)) * H + h;
-  const T* dh = d_hidden + (first - n0) * Hz + h;
-  auto term = [&](int k) {
-    const float y = activate(e + to_float(p[k * H]), activation);
-    return to_float(dh[static_cast<int64_t>(k) * Hz]) * activation_grad(y, activation);
-  };
-  d_encoder[e_index] += chained_sum(run, term);
+// g = d hidden * act'(enc + pred) for the tile's nodes of one chunk (<= kChunkRows frames of
+// sample b, all u), with the activation recomputed from the inputs. Sums, in a fixed order (no
+// atomics: deterministic):
+//   d encoder[b, t] += sum_u g(t, u)                    (complete for the tile: block-local)
+//   partial[chunk, u] = sum over the chunk's frames of g  (predictor_grad_kernel adds them up)
+// Block: kGradWarps warps x 32 lanes; lane l takes kVec adjacent h, warp w the u = w mod
+// kGradWarps; blockIdx.y picks the H slice of 32 * kVec columns.
+template <typename T, int kVec>
+__global__ void __launch_bounds__(32 * kGradWarps, 2)
+    hidden_grads_kernel(int64_t n0, int64_t rows, TileSpan span, const T* __restrict__ d_hidden,
+                        const T* __restrict__ encoder, const T* __restrict__ predictor,
+                        const int64_t* __restrict__ offsets,
+                        const int32_t* __restrict__ logit_lengths,
+                        const int32_t* __restrict__ label_lengths, int T_max, int U1, int H,
+                        int Hz, int activation, float* __restrict__ d_encoder,
+                        float* __restrict__ partials) {
+  constexpr int R = kChunkRows;
+  __shared__ float encoder_sums[kGradWarps][R][32 * kVec];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int h = (blockIdx.y * 32 + lane) * kVec;
+  const bool active = h < H;
+  const ChunkRef c = find_chunk(blockIdx.x, span, logit_lengths, label_lengths);
+  const int b = c.b, U1_b = label_lengths[b] + 1;
+  const int first = b == span.b0 ? span.t0 : 0;
+  const int last = b == span.b1 ? span.t1 : logit_lengths[b] - 1;
+  const int t_a = (first / R + c.k) * R;
+  const int r_lo = max(first - t_a, 0), r_hi = min(last - t_a + 1, R);
+  // Tile-relative node of (t_a, u = 0).
+  const int64_t rel0 = offsets[b] + static_cast<int64_t>(t_a) * U1_b - n0;
+
+  using Vec = Pack<T, kVec>;  // kVec adjacent columns in one access (h and H are multiples)
+  float e[R][kVec], acc_e[R][kVec];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    Vec v{};
+    if (active && r >= r_lo && r < r_hi) {
+      v = *reinterpret_cast<const Vec*>(encoder + (static_cast<int64_t>(b) * T_max + t_a + r) * H + h);
+    }
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      acc_e[r][j] = 0.f;
+      e[r][j] = to_float(v.x[j]);
+    }
+  }
+  if (active) {
+    for (int u = warp; u < U1_b; u += kGradWarps) {
+      const Vec pv = *reinterpret_cast<const Vec*>(predictor + (static_cast<int64_t>(b) * U1 + u) * H + h);
+      float p[kVec], acc_p[kVec];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        p[j] = to_float(pv.x[j]);
+        acc_p[j] = 0.f;
+      }
+      // All of the chunk's loads first (R in flight per thread), then the arithmetic.
+      Vec dh[R];
+      bool in_tile[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int64_t rel = rel0 + static_cast<int64_t>(r) * U1_b + u;
+        in_tile[r] = r >= r_lo && r < r_hi && rel >= 0 && rel < rows;
+        if (in_tile[r]) dh[r] = *reinterpret_cast<const Vec*>(d_hidden + rel * Hz + h);
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (!in_tile[r]) continue;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float y = tile_activate<T>(e[r][j] + p[j], activation);
+          const float g = to_float(dh[r].x[j]) * activation_grad(y, activation);
+          acc_e[r][j] += g;
+          acc_p[j] += g;
+        }
+      }
+      Pack<float, kVec> out;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) out.x[j] = acc_p[j];
+      *reinterpret_cast<Pack<float, kVec>*>(partials + (c.partial_row + u) * H + h) = out;
+    }
+  }
+  // d encoder: the warps' sums added in warp order.
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) encoder_sums[warp][r][lane * kVec + j] = acc_e[r][j];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < R * 32 * kVec; i += 32 * kGradWarps) {
+    const int r = i / (32 * kVec), col = i % (32 * kVec);
+    const int hc = blockIdx.y * 32 * kVec + col;
+    if (r < r_lo || r >= r_hi || hc >= H) continue;
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kGradWarps; ++w) sum += encoder_sums[w][r][col];
+    d_encoder[(static_cast<int64_t>(b) * T_max + t_a + r) * H + hc] += sum;
+  }
 }
 
-// d predictor[b, u] += sum over the tile's nodes (b, t, u) of d hidden * act'(enc + pred).
-// Block x: the x-th (b, u) pair counted from (b0, 0), over the samples that meet the tile;
-// blockIdx.y splits H; t runs over the frames whose node falls in the tile.
-template <typename T>
-__global__ void predictor_grad_kernel(int64_t n0, int64_t rows, int b0,
-                                      const T* __restrict__ d_hidden,
-                                      const T* __restrict__ encoder,
-                                      const T* __restrict__ predictor,
-                                      const int64_t* __restrict__ offsets,
+// d predictor[b, u] += the tile's partial sums of (b, u), over its chunks in order.
+// Block x: the x-th (b, u) pair counted from (b0, 0); blockIdx.y splits H.
+__global__ void predictor_grad_kernel(TileSpan span, const float* __restrict__ partials,
                                       const int32_t* __restrict__ logit_lengths,
-                                      const int32_t* __restrict__ label_lengths, int T_max,
-                                      int U1, int H, int Hz, int activation,
+                                      const int32_t* __restrict__ label_lengths, int U1, int H,
                                       float* __restrict__ d_predictor) {
   const int h = blockIdx.y * blockDim.x + threadIdx.x;
   if (h >= H) return;
-  int b = b0, u = static_cast<int>(blockIdx.x);
-  while (u > label_lengths[b]) u -= label_lengths[b++] + 1;
+  int b = span.b0, u = static_cast<int>(blockIdx.x);
+  int64_t partial_row = 0;
+  while (u > label_lengths[b]) {
+    u -= label_lengths[b] + 1;
+    partial_row += static_cast<int64_t>(tile_chunks(b, span, logit_lengths[b])) *
+                   (label_lengths[b] + 1);
+    ++b;
+  }
   const int U1_b = label_lengths[b] + 1;
-  const int64_t n1 = n0 + rows;
-  // node(t) = offsets[b] + t * U1_b + u must lie in [n0, n1).
-  const int64_t first = n0 - offsets[b] - u;
-  const int t_lo = first <= 0 ? 0 : static_cast<int>((first + U1_b - 1) / U1_b);
-  const int64_t last = n1 - offsets[b] - u;  // exclusive
-  const int64_t t_end = (last + U1_b - 1) / U1_b;
-  const int t_hi = last <= 0 ? 0 : static_cast<int>(t_end < logit_lengths[b] ? t_end : logit_lengths[b]);
-  if (t_lo >= t_hi) return;
-  const int64_t p_index = (static_cast<int64_t>(b) * U1 + u) * H + h;
-  const float p = to_float(predictor[p_index]);
-  const T* e = encoder + (static_cast<int64_t>(b) * T_max + t_lo) * H + h;
-  const int64_t stride = static_cast<int64_t>(U1_b) * Hz;
-  const T* dh = d_hidden + (offsets[b] + static_cast<int64_t>(t_lo) * U1_b + u - n0) * Hz + h;
-  auto term = [&](int k) {
-    const float y = activate(to_float(e[static_cast<int64_t>(k) * H]) + p, activation);
-    return to_float(dh[k * stride]) * activation_grad(y, activation);
-  };
-  d_predictor[p_index] += chained_sum(t_hi - t_lo, term);
+  const int chunks = tile_chunks(b, span, logit_lengths[b]);
+  const float* in = partials + (partial_row + u) * H + h;
+  float sum = 0.f;
+  for (int k = 0; k < chunks; ++k) sum += in[static_cast<int64_t>(k) * U1_b * H];
+  d_predictor[(static_cast<int64_t>(b) * U1 + u) * H + h] += sum;
 }
 
-// The tile [n0, n0 + rows) on the host: its first node's (b, t), the number of (b, t) rows it
-// meets, its first sample and the number of (b, u) pairs of the samples it meets.
-struct TileRows {
-  int b0 = 0, t0 = 0;
-  int64_t frame_rows = 0, label_pairs = 0;
+// The tile [n0, n0 + rows) on the host: its span, the number of chunks it meets and the number
+// of (b, u) pairs of the samples it meets.
+struct TilePlan {
+  TileSpan span;
+  int64_t chunks = 0, label_pairs = 0;
 };
 
-TileRows tile_rows(int64_t n0, int64_t rows, const JointBackwardArgs& a, int B) {
-  TileRows r;
+TilePlan plan_tile(int64_t n0, int64_t rows, const JointBackwardArgs& a, int B) {
+  TilePlan p;
   const int64_t* offsets = a.host_node_offsets;
   auto locate = [&](int64_t n, int* b, int* t) {
     // The sample holding node n: the last b with offsets[b] <= n and a non-empty lattice.
@@ -309,15 +405,13 @@ TileRows tile_rows(int64_t n0, int64_t rows, const JointBackwardArgs& a, int B) 
     *b = lo;
     *t = static_cast<int>((n - offsets[lo]) / (a.host_label_lengths[lo] + 1));
   };
-  int b1, t1;
-  locate(n0, &r.b0, &r.t0);
-  locate(n0 + rows - 1, &b1, &t1);
-  int64_t row_index0 = r.t0, row_index1 = t1, pairs = 0;
-  for (int b = r.b0; b < b1; ++b) row_index1 += a.host_logit_lengths[b];
-  for (int b = r.b0; b <= b1; ++b) pairs += a.host_label_lengths[b] + 1;
-  r.frame_rows = row_index1 - row_index0 + 1;
-  r.label_pairs = pairs;
-  return r;
+  locate(n0, &p.span.b0, &p.span.t0);
+  locate(n0 + rows - 1, &p.span.b1, &p.span.t1);
+  for (int b = p.span.b0; b <= p.span.b1; ++b) {
+    p.chunks += tile_chunks(b, p.span, a.host_logit_lengths[b]);
+    p.label_pairs += a.host_label_lengths[b] + 1;
+  }
+  return p;
 }
 
 template <typename T>
@@ -349,12 +443,14 @@ struct JointBuffers {
   T* tile_z = nullptr;        // tiled: [tile, Hz]
   T* tile_logits = nullptr;   // tiled: [tile, Vp]
   float* d_kernel = nullptr;  // backward: [Hz, Vp] accumulator, d bias in row H
+  float* partials = nullptr;  // backward: a tile's d predictor partial sums
   T* d_hidden = nullptr;      // untiled backward: [N, Hz]
   T* d_logits = nullptr;      // untiled backward, half inputs: [N, Vp]
   size_t bytes = 0;
 
-  JointBuffers(void* base, size_t tile, size_t Hk, size_t Hz, size_t Vp, bool backward,
-               bool untiled) {
+  JointBuffers(void* base, const JointShape& s, size_t tile, bool backward, bool untiled) {
+    const size_t Hk = round_up_to_8(s.H), Hz = joint_hidden_width(s, true);
+    const size_t Vp = joint_logits_width(s, true);
     char* origin = static_cast<char*>(base);
     auto take = [&](auto*& ptr, size_t count) {
       using P = typename std::remove_reference<decltype(*ptr)>::type;
@@ -369,6 +465,7 @@ struct JointBuffers {
     }
     if (backward) {
       take(d_kernel, Hz * Vp);
+      take(partials, pred_partial_floats(s, tile));
       if (untiled) {
         take(d_hidden, tile * Hz);
         if (sizeof(T) != sizeof(float)) take(d_logits, tile * Vp);
@@ -389,7 +486,7 @@ Status forward(const JointShape& s, const JointForwardArgs& a, cudaStream_t stre
   RETURN_IF_ERROR(cublas_handle_for(stream, &handle));
   const bool untiled = a.saved_logits != nullptr;
   const int64_t tile = untiled ? a.num_nodes : a.tile_nodes;
-  const JointBuffers<T> buf(a.workspace, tile, Hk, Hz, Vp, false, untiled);
+  const JointBuffers<T> buf(a.workspace, s, tile, false, untiled);
   padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
       static_cast<const T*>(a.kernel), H, V, Hk, Vp, buf.kernel);
   padded_bias_kernel<T><<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(a.bias), V,
@@ -428,7 +525,7 @@ Status backward(const JointShape& s, const JointBackwardArgs& a, cudaStream_t st
   RETURN_IF_ERROR(cublas_handle_for(stream, &handle));
   const bool untiled = a.saved_logits != nullptr;
   const int64_t tile = untiled ? a.num_nodes : a.tile_nodes;
-  const JointBuffers<T> buf(a.workspace, tile, Hk, Hz, Vp, true, untiled);
+  const JointBuffers<T> buf(a.workspace, s, tile, true, untiled);
   const T* encoder = static_cast<const T*>(a.encoder);
   const T* predictor = static_cast<const T*>(a.predictor);
   padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
@@ -470,15 +567,19 @@ Status backward(const JointShape& s, const JointBackwardArgs& a, cudaStream_t st
     RETURN_IF_ERROR(gemm_row_major(handle, false, true, static_cast<int>(rows), Hk, Vp, d_logits,
                                    cuda_type<T>(), Vp, buf.kernel, cuda_type<T>(), Vp, 0.f,
                                    d_hidden, cuda_type<T>(), Hz, s.allow_tf32));
-    const TileRows tr = tile_rows(n0, rows, a, s.B);
-    encoder_grad_kernel<T><<<dim3(static_cast<unsigned>(tr.frame_rows), h_slices), h_threads, 0,
-                             stream>>>(n0, rows, tr.b0, tr.t0, d_hidden, encoder, predictor,
-                                       a.node_offsets, a.logit_lengths, a.label_lengths, s.T, s.U1,
-                                       H, Hz, s.activation, a.d_encoder);
-    predictor_grad_kernel<T><<<dim3(static_cast<unsigned>(tr.label_pairs), h_slices), h_threads, 0,
-                               stream>>>(n0, rows, tr.b0, d_hidden, encoder, predictor,
-                                         a.node_offsets, a.logit_lengths, a.label_lengths, s.T,
-                                         s.U1, H, Hz, s.activation, a.d_predictor);
+    const TilePlan tp = plan_tile(n0, rows, a, s.B);
+    // Two 16-bit columns per 4-byte access where H allows it.
+    constexpr int kPair = sizeof(T) == 2 ? 2 : 1;
+    const bool paired = kPair == 2 && H % 2 == 0;
+    const int columns = 32 * (paired ? kPair : 1);
+    const dim3 grid(static_cast<unsigned>(tp.chunks), (H + columns - 1) / columns);
+    auto hidden_grads = paired ? hidden_grads_kernel<T, kPair> : hidden_grads_kernel<T, 1>;
+    hidden_grads<<<grid, 32 * kGradWarps, 0, stream>>>(
+        n0, rows, tp.span, d_hidden, encoder, predictor, a.node_offsets, a.logit_lengths,
+        a.label_lengths, s.T, s.U1, H, Hz, s.activation, a.d_encoder, buf.partials);
+    predictor_grad_kernel<<<dim3(static_cast<unsigned>(tp.label_pairs), h_slices), h_threads, 0,
+                            stream>>>(tp.span, buf.partials, a.logit_lengths, a.label_lengths,
+                                      s.U1, H, a.d_predictor);
     RETURN_IF_ERROR(last_launch_status());
   }
   unpad_grad_kernel<<<blocks_for(static_cast<int64_t>(H + 1) * V, 256), 256, 0, stream>>>(
@@ -491,11 +592,9 @@ Status backward(const JointShape& s, const JointBackwardArgs& a, cudaStream_t st
 size_t joint_workspace_bytes_cuda(const JointShape& s, int64_t tile_nodes, bool backward,
                                   bool untiled) {
   size_t bytes = 0;
-  const size_t Hz = joint_hidden_width(s, true), Hk = round_up_to_8(s.H);
-  const size_t Vp = joint_logits_width(s, true);
   dispatch_dtype_cuda(s.dtype, [&](auto tag) {
-    bytes = JointBuffers<decltype(tag)>(nullptr, static_cast<size_t>(tile_nodes), Hk, Hz, Vp,
-                                        backward, untiled).bytes;
+    bytes = JointBuffers<decltype(tag)>(nullptr, s, static_cast<size_t>(tile_nodes), backward,
+                                        untiled).bytes;
   });
   return bytes;
 }

@@ -5,10 +5,14 @@
 #     quick       GPU variants of the joint-op tests (pytest -n 8)
 #     tests       the GPU variants of every op/Keras/robustness/property test file (pytest -n 8)
 #     robustness  tests/gpu/robustness_gpu.py and tests/gpu/extremes_gpu.py
-#     ab          tiled flash step at "target", float32 and bfloat16: build/gpu_old vs build/gpu
-#     profile     per-kernel times (Nsight Compute) of one tiled step, float32 and bfloat16
+#     ab          flash step at "target", float32 and bfloat16, for each library in $AB_LIBS
+#                 (default build/gpu_old build/gpu); methods $AB_METHODS (default tiled,untiled)
+#     profile     per-kernel times (Nsight Compute) of one tiled step, $PROFILE_DTYPES (default
+#                 float32 bfloat16), for each library in $PROFILE_LIBS (default build/gpu)
 #     bench       benchmarks/bench_rnnt.py --suite all
+#     lstm        tests/gpu/lstm_bf16_repro.py: Keras LSTM bfloat16 gradients, cuDNN or not
 #     mixed       tests/gpu/mixed_bf16_check.py: where a mixed_bfloat16 training step turns NaN
+#     mixed-sanitize  its bf16 steps under memcheck (our kernels) and initcheck (all kernels)
 #     sanitize    compute-sanitizer memcheck, racecheck, initcheck on tests/gpu/sanitizer_case.py
 #     speech      start examples/speech/train.py --large on the last GPU, detached (setsid)
 #     speech-wait wait for it and copy its results to $OUT
@@ -38,23 +42,39 @@ for step in "$@"; do
       gpu0 python3 tests/gpu/robustness_gpu.py 2>&1 | tee "$OUT/robustness_gpu.log" | grep -E "PASS|FAIL"
       gpu0 python3 tests/gpu/extremes_gpu.py 2>&1 | tee "$OUT/extremes_gpu.log" | grep -E "PASS|FAIL" ;;
     ab)
-      for lib in build/gpu_old build/gpu; do
+      for lib in ${AB_LIBS:-build/gpu_old build/gpu}; do
         echo "-- $lib"
         TF_RNNT_LIBRARY=$PWD/$lib/tf_rnnt/_tf_rnnt_ops.so gpu0 python3 benchmarks/bench_rnnt.py \
-          --suite flash --profile target --methods tiled,untiled --dtypes float32,bfloat16 2>&1 \
+          --suite flash --profile target --methods ${AB_METHODS:-tiled,untiled} --dtypes float32,bfloat16 2>&1 \
           | grep -E "^\| target|matmul rate"
       done ;;
     profile)
-      for dtype in ${PROFILE_DTYPES:-float32 bfloat16}; do
-        gpu0 ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum \
-          --csv --page raw python3 benchmarks/profile_joint.py --dtype $dtype > "$OUT/ncu_$dtype.csv" 2>/dev/null
-        echo "-- $dtype"; python3 benchmarks/profile_joint.py --summarize "$OUT/ncu_$dtype.csv" | head -16
+      for lib in ${PROFILE_LIBS:-build/gpu}; do
+        for dtype in ${PROFILE_DTYPES:-float32 bfloat16}; do
+          csv="$OUT/ncu_$(basename $lib)_$dtype.csv"
+          TF_RNNT_LIBRARY=$PWD/$lib/tf_rnnt/_tf_rnnt_ops.so gpu0 ncu --profile-from-start off \
+            --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
+            python3 benchmarks/profile_joint.py --dtype $dtype > "$csv" 2>/dev/null
+          echo "-- $lib $dtype"; python3 benchmarks/profile_joint.py --summarize "$csv" | head -16
+        done
       done ;;
     bench)
       gpu0 python3 benchmarks/bench_rnnt.py --suite all --out "$OUT/h200.md" 2>&1 \
         | grep -v -E "^(WARNING|I0000)" | tail -60 ;;
+    lstm)
+      gpu0 python3 tests/gpu/lstm_bf16_repro.py 2>&1 | grep -E "^(GPUs|mask)" ;;
     mixed)
-      gpu0 python3 tests/gpu/mixed_bf16_check.py 2>&1 | grep -E "^(op|model)" ;;
+      gpu0 python3 tests/gpu/mixed_bf16_check.py ${MIXED_ARGS:-} 2>&1 | tee "$OUT/mixed.log" \
+        | grep -v -E "^(WARNING|[IWE]0000|To enable|  self.data_adapter|/.*UserWarning)" ;;
+    mixed-sanitize)
+      # The bf16 training steps under memcheck (our kernels) and initcheck (every kernel).
+      gpu0 compute-sanitizer --tool memcheck --kernel-name kns=tf_rnnt --error-exitcode 9 \
+        python3 tests/gpu/mixed_bf16_check.py --variants bf16 --steps 2 --repeat-test 0 > "$OUT/mixed_memcheck.log" 2>&1
+      echo "memcheck exit=$?: $(grep -E 'ERROR SUMMARY' "$OUT/mixed_memcheck.log" | tail -1)"
+      timeout 400 compute-sanitizer --tool initcheck --print-limit 100000 python3 tests/gpu/mixed_bf16_check.py \
+        --variants bf16 --steps 2 --repeat-test 0 > "$OUT/mixed_initcheck.log" 2>&1
+      echo "initcheck exit=$?: $(grep -c 'Uninitialized' "$OUT/mixed_initcheck.log") reports; kernels named:"
+      grep -A2 Uninitialized "$OUT/mixed_initcheck.log" | grep -oE 'in [^ ]+' | sort | uniq -c | sort -rn | head -12 ;;
     sanitize)
       for tool in memcheck racecheck initcheck; do
         args=""; [[ $tool == racecheck ]] && args="--joint-dtypes float32"
