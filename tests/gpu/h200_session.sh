@@ -20,7 +20,8 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 source .tfgpu/bin/activate
-LIB=$PWD/build/gpu/tf_rnnt/_tf_rnnt_ops.so
+# LIB=... picks another build; every step uses it.
+LIB=${LIB:-$PWD/build/gpu/tf_rnnt/_tf_rnnt_ops.so}
 export TF_RNNT_LIBRARY=$LIB PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 # Memory growth only where processes share a GPU (pytest -n); benchmarks read the allocator's peak.
 export TF_CPP_MIN_LOG_LEVEL=2
