@@ -31,14 +31,25 @@ def flash_inputs(B, T, U, H, V, dtype, kernel_scale=None):
     return enc, pred, kern, bias, labels, tl, ul
 
 
-def flash_step(device, args, **kw):
+def flash_step(device, args, fn=tf_rnnt.flash_rnnt_loss, **kw):
+    """[costs, d encoder, d predictor, d kernel, d bias] of fn (float32 NumPy)."""
     with tf.device(device):
         args = [tf.identity(a) for a in args]
         with tf.GradientTape() as tape:
             tape.watch(args[:4])
-            costs = tf_rnnt.flash_rnnt_loss(*args, **kw)
+            costs = fn(*args, **kw)
         grads = tape.gradient(costs, args[:4])
     return [costs.numpy()] + [tf.cast(g, tf.float32).numpy() for g in grads]
+
+
+def rnnt_loss_gpu(logits, labels, logit_lengths, label_lengths):
+    """costs and d logits (float32 NumPy) of tf_rnnt.rnnt_loss on the GPU."""
+    with tf.device("/GPU:0"):
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            costs = tf_rnnt.rnnt_loss(logits, labels, logit_lengths, label_lengths)
+        grads = tape.gradient(costs, logits)
+    return costs.numpy(), tf.cast(grads, tf.float32).numpy()
 
 
 def rel_diff(a, b):
@@ -58,35 +69,22 @@ check("long lattice GPU == CPU (float32)", rel_diff(cpu, gpu) < long_tolerance,
       f"max rel diff {rel_diff(cpu, gpu):.2e} (tolerance {long_tolerance:.1e})")
 logits = tf.constant(rng.normal(size=(2, 2000, 501, 16)).astype(np.float32))
 lab = tf.constant(rng.integers(1, 16, (2, 500)), tf.int32)
-with tf.device("/GPU:0"):
-    with tf.GradientTape() as tape:
-        tape.watch(logits)
-        c = tf_rnnt.rnnt_loss(logits, lab, [2000, 1500], [500, 300])
-    g = tape.gradient(c, logits)
-check("rnnt_loss T=2000 U=500 finite", np.isfinite(c.numpy()).all() and np.isfinite(g.numpy()).all(),
-      f"costs {c.numpy()}")
+c, g = rnnt_loss_gpu(logits, lab, [2000, 1500], [500, 300])
+check("rnnt_loss T=2000 U=500 finite", np.isfinite(c).all() and np.isfinite(g).all(),
+      f"costs {c}")
 
 # Logits of magnitude 1e4 in half precision (float16 max 65504).
 for dtype in (tf.float16, tf.bfloat16):
     big = tf.cast(rng.choice([-1e4, 1e4], size=(2, 30, 11, 32)), dtype)
     lab = tf.constant(rng.integers(1, 32, (2, 10)), tf.int32)
-    with tf.device("/GPU:0"):
-        with tf.GradientTape() as tape:
-            tape.watch(big)
-            c = tf_rnnt.rnnt_loss(big, lab, [30, 20], [10, 5])
-        g = tape.gradient(c, big)
-    check(f"logits 1e4 {dtype.name} finite", np.isfinite(c.numpy()).all() and
-          np.isfinite(tf.cast(g, tf.float32).numpy()).all())
+    c, g = rnnt_loss_gpu(big, lab, [30, 20], [10, 5])
+    check(f"logits 1e4 {dtype.name} finite", np.isfinite(c).all() and np.isfinite(g).all())
     # tanh joint values in [-1, 1] and a kernel that makes logits of magnitude ~1e4. The true
     # d predictor (a sum over frames) can exceed float16's 65504; compare finiteness with the
     # reference run in the same precision.
     fargs = flash_inputs(2, 30, 10, 16, 32, dtype, kernel_scale=2.5e3)
     out = flash_step("/GPU:0", fargs)
-    with tf.device("/GPU:0"), tf.GradientTape() as tape:
-        tape.watch(fargs[:4])
-        ref_costs = tf_rnnt.reference.flash_rnnt_loss(*fargs)
-    ref = [ref_costs.numpy()] + [tf.cast(g, tf.float32).numpy()
-                                 for g in tape.gradient(ref_costs, fargs[:4])]
+    ref = flash_step("/GPU:0", fargs, fn=tf_rnnt.reference.flash_rnnt_loss)
     check(f"flash with logits ~1e4 {dtype.name} finite wherever the reference is",
           all(np.array_equal(np.isfinite(x), np.isfinite(y)) for x, y in zip(out, ref)))
 

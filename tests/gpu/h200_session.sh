@@ -12,7 +12,6 @@
 #     bench       benchmarks/bench_rnnt.py --suite all
 #     lstm        tests/gpu/lstm_bf16_repro.py: Keras LSTM bfloat16 gradients, cuDNN or not
 #     mixed       tests/gpu/mixed_bf16_check.py: where a mixed_bfloat16 training step turns NaN
-#     mixed-sanitize  its bf16 steps under memcheck (our kernels) and initcheck (all kernels)
 #     sanitize    compute-sanitizer memcheck, racecheck, initcheck on tests/gpu/sanitizer_case.py
 #     speech      start examples/speech/train.py --large on the last GPU, detached (setsid)
 #     speech-wait wait for it and copy its results to $OUT
@@ -67,15 +66,6 @@ for step in "$@"; do
     mixed)
       gpu0 python3 tests/gpu/mixed_bf16_check.py ${MIXED_ARGS:-} 2>&1 | tee "$OUT/mixed.log" \
         | grep -v -E "^(WARNING|[IWE]0000|To enable|  self.data_adapter|/.*UserWarning)" ;;
-    mixed-sanitize)
-      # The bf16 training steps under memcheck (our kernels) and initcheck (every kernel).
-      gpu0 compute-sanitizer --tool memcheck --kernel-name kns=tf_rnnt --error-exitcode 9 \
-        python3 tests/gpu/mixed_bf16_check.py --variants bf16 --steps 2 --repeat-test 0 > "$OUT/mixed_memcheck.log" 2>&1
-      echo "memcheck exit=$?: $(grep -E 'ERROR SUMMARY' "$OUT/mixed_memcheck.log" | tail -1)"
-      timeout 400 compute-sanitizer --tool initcheck --print-limit 100000 python3 tests/gpu/mixed_bf16_check.py \
-        --variants bf16 --steps 2 --repeat-test 0 > "$OUT/mixed_initcheck.log" 2>&1
-      echo "initcheck exit=$?: $(grep -c 'Uninitialized' "$OUT/mixed_initcheck.log") reports; kernels named:"
-      grep -A2 Uninitialized "$OUT/mixed_initcheck.log" | grep -oE 'in [^ ]+' | sort | uniq -c | sort -rn | head -12 ;;
     sanitize)
       for tool in memcheck racecheck initcheck; do
         args=""; [[ $tool == racecheck ]] && args="--joint-dtypes float32"
