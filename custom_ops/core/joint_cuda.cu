@@ -227,11 +227,20 @@ struct TileSpan {
   int b0 = 0, t0 = 0, b1 = 0, t1 = 0;
 };
 
+// The frames [first, last] of sample b that meet the tile (last < first: none).
+struct FrameRange {
+  int first, last;
+};
+
+__host__ __device__ __forceinline__ FrameRange tile_frames(int b, const TileSpan& span,
+                                                           int logit_length) {
+  return {b == span.b0 ? span.t0 : 0, b == span.b1 ? span.t1 : logit_length - 1};
+}
+
 // Chunks of sample b that meet the tile (0 for an empty sample).
 __host__ __device__ __forceinline__ int tile_chunks(int b, const TileSpan& span, int logit_length) {
-  const int first = b == span.b0 ? span.t0 : 0;
-  const int last = b == span.b1 ? span.t1 : logit_length - 1;
-  return last < first ? 0 : last / kChunkRows - first / kChunkRows + 1;
+  const FrameRange f = tile_frames(b, span, logit_length);
+  return f.last < f.first ? 0 : f.last / kChunkRows - f.first / kChunkRows + 1;
 }
 
 // Floats of the d predictor partial sums of one tile: a [chunks of b, U_b + 1, H] block per sample
@@ -287,10 +296,9 @@ __global__ void __launch_bounds__(32 * kGradWarps, 2)
   const bool active = h < H;
   const ChunkRef c = find_chunk(blockIdx.x, span, logit_lengths, label_lengths);
   const int b = c.b, U1_b = label_lengths[b] + 1;
-  const int first = b == span.b0 ? span.t0 : 0;
-  const int last = b == span.b1 ? span.t1 : logit_lengths[b] - 1;
-  const int t_a = (first / R + c.k) * R;
-  const int r_lo = max(first - t_a, 0), r_hi = min(last - t_a + 1, R);
+  const FrameRange f = tile_frames(b, span, logit_lengths[b]);
+  const int t_a = (f.first / R + c.k) * R;
+  const int r_lo = max(f.first - t_a, 0), r_hi = min(f.last - t_a + 1, R);
   // Tile-relative node of (t_a, u = 0).
   const int64_t rel0 = offsets[b] + static_cast<int64_t>(t_a) * U1_b - n0;
 
