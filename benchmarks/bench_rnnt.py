@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """Speed and memory of tf_rnnt's ops against the pure-TensorFlow reference.
 
-  python benchmarks/bench_rnnt.py --suite loss    # issue 2: rnnt_loss vs reference.rnnt_loss
-  python benchmarks/bench_rnnt.py --suite flash   # issue 3: flash tiled/untiled vs reference
+  python benchmarks/bench_rnnt.py --suite loss    # rnnt_loss vs reference.rnnt_loss
+  python benchmarks/bench_rnnt.py --suite flash   # flash tiled/untiled vs reference
   python benchmarks/bench_rnnt.py --suite scaling # time/memory vs T*U and tile size
   python benchmarks/bench_rnnt.py --suite all --out benchmarks/results/h200.md
+
+The flash suite runs each profile with all lengths full (the headline: every lattice node is
+real work) and with ragged lengths (uniform in [T/2, T] and [U/2, U], about 56% of the nodes);
+--lengths picks one of them.
 
 Each case times forward + backward inside one tf.function: the median of --repeats runs after
 --warmup runs, each ending in a host read of the result. Peak memory is
@@ -186,39 +190,42 @@ def suite_flash(args, lines, results):
             f"{k}: {v / 1e12:.0f} TFLOP/s" for k, v in rates.items()) +
             f" (float32 with TF32 {'on' if tf.config.experimental.tensor_float_32_execution_enabled() else 'off'})")
     lines.append(f"\n### flash_rnnt_loss forward+backward ({device_name()})\n")
-    lines.append("| profile | dtype | method | time | peak above inputs | GEMM rate (4 GEMMs) | vs reference |")
-    lines.append("|---|---|---|---|---|---|---|")
+    lines.append("| profile | lengths | dtype | method | time | peak above inputs | GEMM rate (4 GEMMs) "
+                 "| vs reference |")
+    lines.append("|---|---|---|---|---|---|---|---|")
     results["flash"] = []
-    for prof in profiles:
+    length_kinds = ["full", "ragged"] if args.lengths == "both" else [args.lengths]
+    for prof, lengths, dt in [(p, k, d) for p in profiles for k in length_kinds for d in dtypes]:
         p = PROFILES[prof]
-        for dt in dtypes:
-            inputs, nodes = make_inputs(p["B"], p["T"], p["U"], p["H"], p["V"], dt)
-            flops = 4 * 2 * nodes * p["H"] * p["V"]
-            ref = None
-            for method in args.methods.split(","):
-                if method == "reference" and prof == "long" and not args.long_reference:
-                    continue
-                try:
-                    seconds, used = measure(joint_step(method, inputs), args.warmup, args.repeats)
-                except tf.errors.ResourceExhaustedError:
-                    lines.append(f"| {prof} | {dt.name} | {method} | OOM | | | |")
-                    continue
-                if method == "reference":
-                    ref = (seconds, used)
-                rate = flops / seconds
-                frac = f" ({rate / rates[dt.name] * 100:.0f}% of matmul)" if dt.name in rates else ""
-                row = dict(profile=prof, dtype=dt.name, method=method, seconds=seconds,
-                           peak_bytes=used, nodes=nodes, gemm_flops=flops)
-                results["flash"].append(row)
-                lines.append(f"| {prof} | {dt.name} | {method} | {seconds * 1e3:.1f} ms | {fmt_bytes(used)} "
-                             f"| {rate / 1e12:.1f} TFLOP/s{frac} | |")
-                print(lines[-1], flush=True)
-            if ref:
-                for row in results["flash"]:
-                    if row["profile"] == prof and row["dtype"] == dt.name and row["method"] != "reference":
-                        lines.append(f"| {prof} | {dt.name} | {row['method']} vs reference | "
-                                     f"{ref[0] / row['seconds']:.1f}x faster | "
-                                     f"1/{ref[1] / max(row['peak_bytes'], 1):.0f} of reference memory | | |")
+        inputs, nodes = make_inputs(p["B"], p["T"], p["U"], p["H"], p["V"], dt,
+                                    ragged=lengths == "ragged")
+        flops = 4 * 2 * nodes * p["H"] * p["V"]
+        ref = None
+        for method in args.methods.split(","):
+            if method == "reference" and prof == "long" and not args.long_reference:
+                continue
+            try:
+                seconds, used = measure(joint_step(method, inputs), args.warmup, args.repeats)
+            except tf.errors.ResourceExhaustedError:
+                lines.append(f"| {prof} | {lengths} | {dt.name} | {method} | OOM | | | |")
+                continue
+            if method == "reference":
+                ref = (seconds, used)
+            rate = flops / seconds
+            frac = f" ({rate / rates[dt.name] * 100:.0f}% of matmul)" if dt.name in rates else ""
+            row = dict(profile=prof, lengths=lengths, dtype=dt.name, method=method, seconds=seconds,
+                       peak_bytes=used, nodes=nodes, gemm_flops=flops)
+            results["flash"].append(row)
+            lines.append(f"| {prof} | {lengths} | {dt.name} | {method} | {seconds * 1e3:.1f} ms | {fmt_bytes(used)} "
+                         f"| {rate / 1e12:.1f} TFLOP/s{frac} | |")
+            print(lines[-1], flush=True)
+        if ref:
+            for row in results["flash"]:
+                if (row["profile"], row["lengths"], row["dtype"]) == (prof, lengths, dt.name) \
+                        and row["method"] != "reference":
+                    lines.append(f"| {prof} | {lengths} | {dt.name} | {row['method']} vs reference | "
+                                 f"{ref[0] / row['seconds']:.1f}x faster | "
+                                 f"1/{ref[1] / max(row['peak_bytes'], 1):.0f} of reference memory | | |")
 
 
 def suite_scaling(args, lines, results):
@@ -264,6 +271,8 @@ def main():
     parser.add_argument("--dtypes", default=None,
                         help="flash suite and tile table: comma-separated dtypes (default: float32, "
                              "plus bfloat16 on the GPU)")
+    parser.add_argument("--lengths", default="both", choices=["full", "ragged", "both"],
+                        help="flash suite: all lengths full, ragged, or both (default)")
     parser.add_argument("--out", help="markdown file to write (a .json beside it too)")
     args = parser.parse_args()
     lines = [f"# tf_rnnt benchmarks ({time.strftime('%Y-%m-%d')}, TensorFlow {tf.__version__}, "
