@@ -121,10 +121,10 @@ struct JointCpu {
       const float total = lse_value(st);
       const int64_t padded = (static_cast<int64_t>(i.b) * s.T + i.t) * s.U1 + i.u;
       lse[n] = total;
-      lattice[2 * padded] = row[s.blank] + bias[s.blank] - total;
+      lattice[2 * padded] = log_softmax_at(row[s.blank] + bias[s.blank], st);
       if (i.u < label_lengths[i.b]) {
         const int label = labels[static_cast<int64_t>(i.b) * (s.U1 - 1) + i.u];
-        lattice[2 * padded + 1] = row[label] + bias[label] - total;
+        lattice[2 * padded + 1] = log_softmax_at(row[label] + bias[label], st);
       }
     }
   }

@@ -167,10 +167,10 @@ __global__ void picks_kernel(int64_t n0, int64_t rows, const L* __restrict__ log
       const float total = lse_value(s);
       const int64_t padded = (static_cast<int64_t>(i.b) * T_max + i.t) * U1 + i.u;
       lse[n] = total;
-      lattice[2 * padded] = to_float(row[blank]) + bias[blank] - total;
+      lattice[2 * padded] = log_softmax_at(to_float(row[blank]) + bias[blank], s);
       if (i.u < label_lengths[i.b]) {
         const int label = labels[static_cast<int64_t>(i.b) * (U1 - 1) + i.u];
-        lattice[2 * padded + 1] = to_float(row[label]) + bias[label] - total;
+        lattice[2 * padded + 1] = log_softmax_at(to_float(row[label]) + bias[label], s);
       }
     }
   }

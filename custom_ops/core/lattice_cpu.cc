@@ -72,8 +72,9 @@ void lattice_rows(const void* logits_ptr, const int32_t* labels, int T, int U1, 
     const int64_t b = node / (static_cast<int64_t>(T) * U1);
     const int label = u + 1 < U1 ? labels[b * (U1 - 1) + u] : -1;
     lse[node] = total;
-    lattice[2 * node] = Load::to_float(row[blank]) - total;
-    lattice[2 * node + 1] = (label >= 0 && label < V) ? Load::to_float(row[label]) - total : 0.f;
+    lattice[2 * node] = log_softmax_at(Load::to_float(row[blank]), s);
+    lattice[2 * node + 1] =
+        (label >= 0 && label < V) ? log_softmax_at(Load::to_float(row[label]), s) : 0.f;
   }
 }
 

@@ -118,8 +118,9 @@ __global__ void logits_to_lattice_kernel(const T* __restrict__ logits,
       const int64_t b = node / TU1;
       const int label = u + 1 < U1 ? labels[b * (U1 - 1) + u] : -1;
       lse[node] = total;
-      lattice[2 * node] = to_float(row[blank]) - total;
-      lattice[2 * node + 1] = (label >= 0 && label < V) ? to_float(row[label]) - total : 0.f;
+      lattice[2 * node] = log_softmax_at(to_float(row[blank]), s);
+      lattice[2 * node + 1] =
+          (label >= 0 && label < V) ? log_softmax_at(to_float(row[label]), s) : 0.f;
     }
   }
 }

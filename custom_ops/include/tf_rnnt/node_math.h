@@ -108,6 +108,10 @@ TF_RNNT_HD LseState lse_merge(LseState a, LseState b) {
 
 TF_RNNT_HD float lse_value(LseState s) { return s.max + logf(s.sum); }
 
+// log softmax(x) over the state's row, as (x - max) - log(sum). Forming x - (max + log(sum))
+// instead loses log(sum) when |max| is large (near FLT_MAX one ulp exceeds any log(sum)).
+TF_RNNT_HD float log_softmax_at(float x, LseState s) { return (x - s.max) - logf(s.sum); }
+
 // d logits(v) for lattice = (logit(blank) - lse, logit(label) - lse):
 //   g_blank * (1[v == blank] - p_v) + g_label * (1[v == label] - p_v)
 // A node whose two gradients are zero (padding, or a sample whose cost is not finite) gets exact
