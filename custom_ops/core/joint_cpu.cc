@@ -234,7 +234,7 @@ Status joint_forward_cpu(const JointShape& shape, const JointOptions& options,
     float* logits = untiled ? a.saved_logits : buf.tile_logits;
     for (int64_t n0 = 0; n0 < num_nodes; n0 += tile) {
       const int64_t rows = std::min(tile, num_nodes - n0);
-      parallel_for(shards(rows), kRowsPerShard * H * V * 2, failure.guard([&](int64_t s0, int64_t s1) {
+      auto shard = failure.guard([&](int64_t s0, int64_t s1) {
         const int64_t r0 = s0 * kRowsPerShard, r1 = std::min(rows, s1 * kRowsPerShard);
         joint.hidden(n0 + r0, n0 + r1, z + r0 * H);
         joint.logits(r1 - r0, z + r0 * H, logits + (n0 + r0 - (untiled ? 0 : n0)) * V);
@@ -244,7 +244,8 @@ Status joint_forward_cpu(const JointShape& shape, const JointOptions& options,
           auto* saved = static_cast<typename Load::Storage*>(a.saved_hidden);
           for (int64_t i = r0 * H; i < r1 * H; ++i) saved[n0 * H + i] = Load::from_float(z[i]);
         }
-      }));
+      });
+      parallel_for(shards(rows), kRowsPerShard * H * V * 2, shard);
     }
   });
   return failure.status();
@@ -279,7 +280,7 @@ Status joint_backward_cpu(const JointShape& shape, const JointOptions& options,
       float* logits = untiled ? a.saved_logits + n0 * V : tile_logits;
       // Recompute (tiled) or reload (untiled) the tile's joint values and logits, then form
       // d logits in place and d hidden = d logits @ kernel^T.
-      parallel_for(shards(rows), kRowsPerShard * H * V * 6, failure.guard([&](int64_t s0, int64_t s1) {
+      auto shard = failure.guard([&](int64_t s0, int64_t s1) {
         const int64_t r0 = s0 * kRowsPerShard, r1 = std::min(rows, s1 * kRowsPerShard);
         if (untiled) {
           const auto* saved = static_cast<const Storage*>(a.saved_hidden) + (n0 + r0) * H;
@@ -295,18 +296,20 @@ Status joint_backward_cpu(const JointShape& shape, const JointOptions& options,
         for (int64_t i = r0 * H; i < r1 * H; ++i) {
           dh.data()[i - r0 * H] *= activation_grad(z[i], options.activation);
         }
-      }));
+      });
+      parallel_for(shards(rows), kRowsPerShard * H * V * 6, shard);
       // d kernel += z^T @ d logits and d bias += column sums, sharded over vocabulary columns.
       constexpr int64_t kCols = 64;
       ConstMatrixMap zm(z, rows, H);
       ConstMatrixMap dl(logits, rows, V);
-      parallel_for((V + kCols - 1) / kCols, rows * H * kCols * 2, failure.guard([&](int64_t c0, int64_t c1) {
+      auto columns = failure.guard([&](int64_t c0, int64_t c1) {
         const int64_t v0 = c0 * kCols, v1 = std::min<int64_t>(V, c1 * kCols);
         d_kernel.middleCols(v0, v1 - v0).noalias() += zm.transpose() * dl.middleCols(v0, v1 - v0);
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t v = v0; v < v1; ++v) acc.d_bias[v] += logits[r * V + v];
         }
-      }));
+      });
+      parallel_for((V + kCols - 1) / kCols, rows * H * kCols * 2, columns);
       // d encoder[b, t] += sum_u d hidden; d predictor[b, u] += sum_t d hidden.
       // Sharded over hidden columns: each thread owns its columns of both outputs.
       constexpr int64_t kHidden = 32;
