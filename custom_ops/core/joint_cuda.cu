@@ -26,16 +26,22 @@ namespace tf_rnnt {
 
 namespace {
 
-constexpr int kWarps = 8;           // warps per block in the per-node kernels
+constexpr int kWarps = 8;  // warps per block in the per-node kernels
 
 template <typename T>
 cudaDataType_t cuda_type();
 template <>
-cudaDataType_t cuda_type<float>() { return CUDA_R_32F; }
+cudaDataType_t cuda_type<float>() {
+  return CUDA_R_32F;
+}
 template <>
-cudaDataType_t cuda_type<__half>() { return CUDA_R_16F; }
+cudaDataType_t cuda_type<__half>() {
+  return CUDA_R_16F;
+}
 template <>
-cudaDataType_t cuda_type<__nv_bfloat16>() { return CUDA_R_16BF; }
+cudaDataType_t cuda_type<__nv_bfloat16>() {
+  return CUDA_R_16BF;
+}
 
 size_t align_up(size_t bytes) { return (bytes + 255) & ~size_t(255); }
 
@@ -91,7 +97,10 @@ __global__ void unpad_grad_kernel(const float* __restrict__ padded, int H, int V
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int h = static_cast<int>(i / V), v = static_cast<int>(i % V);
     const float g = padded[static_cast<int64_t>(h) * Vp + v];
-    if (h < H) d_kernel[i] = g; else d_bias[v] = g;
+    if (h < H)
+      d_kernel[i] = g;
+    else
+      d_bias[v] = g;
   }
 }
 
@@ -294,8 +303,8 @@ __global__ void __launch_bounds__(32 * kGradWarps, 2)
                         const T* __restrict__ encoder, const T* __restrict__ predictor,
                         const int64_t* __restrict__ offsets,
                         const int32_t* __restrict__ logit_lengths,
-                        const int32_t* __restrict__ label_lengths, int T_max, int U1, int H,
-                        int Hz, Activation activation, float* __restrict__ d_encoder,
+                        const int32_t* __restrict__ label_lengths, int T_max, int U1, int H, int Hz,
+                        Activation activation, float* __restrict__ d_encoder,
                         float* __restrict__ partials) {
   constexpr int R = kChunkRows;
   __shared__ float encoder_sums[kGradWarps][R][32 * kVec];
@@ -316,7 +325,8 @@ __global__ void __launch_bounds__(32 * kGradWarps, 2)
   for (int r = 0; r < R; ++r) {
     Vec v{};
     if (active && r >= r_lo && r < r_hi) {
-      v = *reinterpret_cast<const Vec*>(encoder + (static_cast<int64_t>(b) * T_max + t_a + r) * H + h);
+      v = *reinterpret_cast<const Vec*>(encoder + (static_cast<int64_t>(b) * T_max + t_a + r) * H +
+                                        h);
     }
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
@@ -326,7 +336,8 @@ __global__ void __launch_bounds__(32 * kGradWarps, 2)
   }
   if (active) {
     for (int u = warp; u < U1_b; u += kGradWarps) {
-      const Vec pv = *reinterpret_cast<const Vec*>(predictor + (static_cast<int64_t>(b) * U1 + u) * H + h);
+      const Vec pv =
+          *reinterpret_cast<const Vec*>(predictor + (static_cast<int64_t>(b) * U1 + u) * H + h);
       float p[kVec], acc_p[kVec];
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
@@ -389,8 +400,8 @@ __global__ void predictor_grad_kernel(TileSpan span, const float* __restrict__ p
   int64_t partial_row = 0;
   while (u > label_lengths[b]) {
     u -= label_lengths[b] + 1;
-    partial_row += static_cast<int64_t>(tile_chunks(b, span, logit_lengths[b])) *
-                   (label_lengths[b] + 1);
+    partial_row +=
+        static_cast<int64_t>(tile_chunks(b, span, logit_lengths[b])) * (label_lengths[b] + 1);
     ++b;
   }
   const int U1_b = label_lengths[b] + 1;
@@ -416,7 +427,10 @@ TilePlan plan_tile(int64_t n0, int64_t rows, const HostPlan& host, int B) {
     int lo = 0, hi = B - 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
-      if (offsets[mid] <= n) lo = mid; else hi = mid - 1;
+      if (offsets[mid] <= n)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     *b = lo;
     *t = static_cast<int>((n - offsets[lo]) / (host.label_lengths[lo] + 1));
@@ -454,14 +468,14 @@ int grid_warps(int64_t rows) {
 // inputs) d logits in T for all nodes.
 template <typename T>
 struct JointBuffers {
-  T* kernel = nullptr;        // [Hk, Vp]
-  float* bias = nullptr;      // [Vp], -inf padding
-  T* tile_z = nullptr;        // tiled: [tile, Hz]
-  T* tile_logits = nullptr;   // tiled: [tile, Vp]
-  float* d_kernel = nullptr;  // backward: [Hz, Vp] accumulator, d bias in row H
-  float* partials = nullptr;  // backward: a tile's d predictor partial sums
-  T* d_hidden = nullptr;      // untiled backward: [N, Hz]
-  T* d_logits = nullptr;      // untiled backward, half inputs: [N, Vp]
+  T* kernel = nullptr;         // [Hk, Vp]
+  float* bias = nullptr;       // [Vp], -inf padding
+  T* tile_z = nullptr;         // tiled: [tile, Hz]
+  T* tile_logits = nullptr;    // tiled: [tile, Vp]
+  float* d_kernel = nullptr;   // backward: [Hz, Vp] accumulator, d bias in row H
+  float* partials = nullptr;   // backward: a tile's d predictor partial sums
+  T* d_hidden = nullptr;       // untiled backward: [N, Hz]
+  T* d_logits = nullptr;       // untiled backward, half inputs: [N, Vp]
   int64_t* offsets = nullptr;  // [B + 1] packed node offsets
   GradAccumulators acc;        // backward, 16-bit T (float32 T accumulates in the outputs)
   size_t bytes = 0;
@@ -518,13 +532,14 @@ Status forward(const JointShape& s, const JointOptions& o, const JointForwardArg
   const JointBuffers<T> buf(a.workspace, s, tile, false, untiled);
   padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
       static_cast<const T*>(in.kernel), H, V, Hk, Vp, buf.kernel);
-  padded_bias_kernel<T><<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(in.bias), V,
-                                                                  Vp, buf.bias);
+  padded_bias_kernel<T>
+      <<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(in.bias), V, Vp, buf.bias);
   node_offsets_kernel<<<1, 1, 0, stream>>>(in.logit_lengths, in.label_lengths, s.B, buf.offsets);
   for (int64_t n0 = 0; n0 < host.num_nodes; n0 += tile) {
     const int64_t rows = std::min(tile, host.num_nodes - n0);
     T* z = untiled ? static_cast<T*>(a.saved_hidden) : buf.tile_z;
-    L* logits = untiled ? reinterpret_cast<L*>(a.saved_logits) : reinterpret_cast<L*>(buf.tile_logits);
+    L* logits =
+        untiled ? reinterpret_cast<L*>(a.saved_logits) : reinterpret_cast<L*>(buf.tile_logits);
     hidden_kernel<T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
         n0, rows, static_cast<const T*>(in.encoder), static_cast<const T*>(in.predictor),
         buf.offsets, in.label_lengths, s.B, s.T, s.U1, H, Hz, o.activation, z);
@@ -549,11 +564,12 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
   const int H = s.H, V = s.V, Vp = logits_width(s);
   const int Hz = hidden_width(s), Hk = round_up_to_8(H);
   const GradSizes sizes(s);
-  RETURN_IF_ERROR(cuda_status(
-      cudaMemsetAsync(acc.d_encoder, 0, sizeof(float) * sizes.encoder, stream)));
-  RETURN_IF_ERROR(cuda_status(
-      cudaMemsetAsync(acc.d_predictor, 0, sizeof(float) * sizes.predictor, stream)));
-  RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(acc.d_kernel, 0, sizeof(float) * sizes.kernel, stream)));
+  RETURN_IF_ERROR(
+      cuda_status(cudaMemsetAsync(acc.d_encoder, 0, sizeof(float) * sizes.encoder, stream)));
+  RETURN_IF_ERROR(
+      cuda_status(cudaMemsetAsync(acc.d_predictor, 0, sizeof(float) * sizes.predictor, stream)));
+  RETURN_IF_ERROR(
+      cuda_status(cudaMemsetAsync(acc.d_kernel, 0, sizeof(float) * sizes.kernel, stream)));
   RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(acc.d_bias, 0, sizeof(float) * sizes.bias, stream)));
   if (host.num_nodes == 0) return Status();
   cublasHandle_t handle;
@@ -564,8 +580,8 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
   const T* predictor = static_cast<const T*>(in.predictor);
   padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
       static_cast<const T*>(in.kernel), H, V, Hk, Vp, buf.kernel);
-  padded_bias_kernel<T><<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(in.bias), V,
-                                                                  Vp, buf.bias);
+  padded_bias_kernel<T>
+      <<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(in.bias), V, Vp, buf.bias);
   node_offsets_kernel<<<1, 1, 0, stream>>>(in.logit_lengths, in.label_lengths, s.B, buf.offsets);
   RETURN_IF_ERROR(cuda_status(
       cudaMemsetAsync(buf.d_kernel, 0, sizeof(float) * static_cast<size_t>(Hz) * Vp, stream)));
@@ -584,15 +600,15 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
           o.activation, buf.tile_z);
       logits = reinterpret_cast<L*>(buf.tile_logits);
       RETURN_IF_ERROR(gemm_row_major(handle, false, false, static_cast<int>(rows), Vp, Hk,
-                                     buf.tile_z, cuda_type<T>(), Hz, buf.kernel, cuda_type<T>(),
-                                     Vp, 0.f, logits, cuda_type<L>(), Vp, o.allow_tf32));
+                                     buf.tile_z, cuda_type<T>(), Hz, buf.kernel, cuda_type<T>(), Vp,
+                                     0.f, logits, cuda_type<L>(), Vp, o.allow_tf32));
       z = buf.tile_z;
     }
     // d logits over the logits when they share a dtype.
     T* d_logits = sizeof(L) == sizeof(T) ? reinterpret_cast<T*>(logits) : buf.d_logits;
     logit_grads_kernel<L, T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
-        n0, rows, logits, buf.bias, in.labels, buf.offsets, in.label_lengths, s.B, s.T, s.U1, V,
-        Vp, o.blank, a.lse, a.d_lattice, d_logits);
+        n0, rows, logits, buf.bias, in.labels, buf.offsets, in.label_lengths, s.B, s.T, s.U1, V, Vp,
+        o.blank, a.lse, a.d_lattice, d_logits);
     // [d kernel; d bias] += [z, 1]^T @ d logits (ordered over tiles).
     RETURN_IF_ERROR(gemm_row_major(handle, true, false, Hz, Vp, static_cast<int>(rows), z,
                                    cuda_type<T>(), Hz, d_logits, cuda_type<T>(), Vp, 1.f,
@@ -639,8 +655,8 @@ Status backward(const JointShape& s, const JointOptions& o, const JointBackwardA
   const int64_t count[4] = {sizes.encoder, sizes.predictor, sizes.kernel, sizes.bias};
   for (int k = 0; k < 4; ++k) {
     if (count[k] == 0) continue;
-    cast_kernel<T><<<blocks_for(count[k], 256), 256, 0, stream>>>(from[k], static_cast<T*>(to[k]),
-                                                                  count[k]);
+    cast_kernel<T>
+        <<<blocks_for(count[k], 256), 256, 0, stream>>>(from[k], static_cast<T*>(to[k]), count[k]);
   }
   return last_launch_status();
 }
@@ -651,8 +667,9 @@ size_t joint_workspace_bytes_cuda(const JointShape& s, const JointOptions& optio
                                   int64_t tile_nodes, bool backward, bool untiled) {
   size_t bytes = 0;
   dispatch_dtype_cuda(options.dtype, [&](auto tag) {
-    bytes = JointBuffers<decltype(tag)>(nullptr, s, static_cast<size_t>(tile_nodes), backward,
-                                        untiled).bytes;
+    bytes =
+        JointBuffers<decltype(tag)>(nullptr, s, static_cast<size_t>(tile_nodes), backward, untiled)
+            .bytes;
   });
   return bytes;
 }

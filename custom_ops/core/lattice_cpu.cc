@@ -50,9 +50,9 @@ void lattice_loss_sample(const float* lat, int T, int U1, int T_b, int U1_b,
       const bool last_t = t + 1 == T_b, last_u = u + 1 == U1_b;
       const float beta_next_t = last_t ? (last_u ? 0.f : kNegInf) : beta[at(t + 1, u)];
       const float beta_next_u = last_u ? kNegInf : beta[at(t, u + 1)];
-      const NodeGrad g = node_grad(alpha[at(t, u)], beta_next_t, beta_next_u, lat[2 * at(t, u)],
-                                   lat[2 * at(t, u) + 1], log_prob, options.fastemit_lambda,
-                                   options.clamp);
+      const NodeGrad g =
+          node_grad(alpha[at(t, u)], beta_next_t, beta_next_u, lat[2 * at(t, u)],
+                    lat[2 * at(t, u) + 1], log_prob, options.fastemit_lambda, options.clamp);
       grad[2 * at(t, u)] = g.blank;
       grad[2 * at(t, u) + 1] = g.label;
     }

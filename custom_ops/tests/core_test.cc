@@ -41,7 +41,9 @@ void lattice_loss_reference(const std::vector<float>& lattice, const std::vector
   costs->assign(B, 0.0);
   grads->assign(lattice.size(), 0.0);
   for (int b = 0; b < B; ++b) {
-    auto edge = [&](int t, int u, int k) { return ((static_cast<size_t>(b) * T + t) * U1 + u) * 2 + k; };
+    auto edge = [&](int t, int u, int k) {
+      return ((static_cast<size_t>(b) * T + t) * U1 + u) * 2 + k;
+    };
     std::vector<double> log_probs;
     std::vector<std::vector<size_t>> paths;
     std::vector<size_t> path;
@@ -86,8 +88,8 @@ void lattice_loss_reference(const std::vector<float>& lattice, const std::vector
 }
 
 // Log-softmax of each V-row of logits at blank and the next label; its log-sum-exp.
-void log_softmax_picks(const std::vector<double>& logits, const std::vector<int32_t>& labels,
-                       int B, int T, int U1, int V, int blank, std::vector<double>* lattice,
+void log_softmax_picks(const std::vector<double>& logits, const std::vector<int32_t>& labels, int B,
+                       int T, int U1, int V, int blank, std::vector<double>* lattice,
                        std::vector<double>* lse) {
   const size_t nodes = static_cast<size_t>(B) * T * U1;
   lattice->assign(2 * nodes, 0.0);
@@ -106,9 +108,8 @@ void log_softmax_picks(const std::vector<double>& logits, const std::vector<int3
 
 // d logits of sum(d_lattice * picks): g_blank (1[v = blank] - p_v) + g_label (1[v = label] - p_v).
 std::vector<double> log_softmax_picks_grad(const std::vector<double>& logits,
-                                           const std::vector<int32_t>& labels, int B, int T,
-                                           int U1, int V, int blank,
-                                           const std::vector<double>& d_lattice) {
+                                           const std::vector<int32_t>& labels, int B, int T, int U1,
+                                           int V, int blank, const std::vector<double>& d_lattice) {
   std::vector<double> lattice, lse, out(logits.size(), 0.0);
   log_softmax_picks(logits, labels, B, T, U1, V, blank, &lattice, &lse);
   for (size_t n = 0; n < lse.size(); ++n) {
@@ -158,8 +159,9 @@ void joint_reference(const JointCase& c, const std::vector<float>& d_lattice,
       for (int u = 0; u < U1; ++u) {
         const size_t n = (static_cast<size_t>(b) * T + t) * U1 + u;
         for (int h = 0; h < H; ++h) {
-          pre[n * H + h] = static_cast<double>(c.encoder[(static_cast<size_t>(b) * T + t) * H + h]) +
-                           c.predictor[(static_cast<size_t>(b) * U1 + u) * H + h];
+          pre[n * H + h] =
+              static_cast<double>(c.encoder[(static_cast<size_t>(b) * T + t) * H + h]) +
+              c.predictor[(static_cast<size_t>(b) * U1 + u) * H + h];
           z[n * H + h] = activate64(pre[n * H + h], c.options.activation);
         }
         for (int v = 0; v < V; ++v) {
@@ -277,7 +279,8 @@ class CpuBackend : public Backend {
     std::vector<float> saved_hidden(saved.hidden), saved_logits(saved.logits);
     std::vector<char> workspace(
         std::max(joint_workspace_bytes_cpu(s, c.options, in.host.tile_nodes, false, untiled),
-                 joint_workspace_bytes_cpu(s, c.options, in.host.tile_nodes, true, untiled)) + 1);
+                 joint_workspace_bytes_cpu(s, c.options, in.host.tile_nodes, true, untiled)) +
+        1);
     r->lattice.assign(static_cast<size_t>(s.B) * s.T * s.U1 * 2, -1.f);
     r->lse.assign(offsets[s.B], 0.f);
     JointForwardArgs f;
@@ -436,8 +439,8 @@ void test_joint(Backend* be, Report* report) {
       // Tiles of 1 node, of 7 (tiles cross samples mid-frame), of all nodes; untiled mode.
       for (int64_t tile : {1, 7, 1000, 0}) {
         char name[160];
-        std::snprintf(name, sizeof(name), "joint %s H=%d V=%d %s blank=%d %s", be->name(),
-                      hv.first, hv.second, act_names[static_cast<int>(act)], blank,
+        std::snprintf(name, sizeof(name), "joint %s H=%d V=%d %s blank=%d %s", be->name(), hv.first,
+                      hv.second, act_names[static_cast<int>(act)], blank,
                       tile > 0 ? ("tile=" + std::to_string(tile)).c_str() : "untiled");
         JointResult r;
         const Status st = be->joint(c, tile, d_lattice, &r);

@@ -20,7 +20,7 @@ struct JointCase {
 };
 
 struct JointResult {
-  std::vector<float> lattice, lse;                            // forward
+  std::vector<float> lattice, lse;                              // forward
   std::vector<float> d_encoder, d_predictor, d_kernel, d_bias;  // backward, given d_lattice
 };
 

@@ -59,9 +59,9 @@ class GpuBackend : public Backend {
     DeviceBuffer<float> d_lattice(lattice), d_costs(B), d_grads(lattice.size());
     DeviceBuffer<float> alphas(static_cast<size_t>(B) * T * U1), betas(alphas.n);
     DeviceBuffer<int32_t> d_t(logit_lengths), d_u(label_lengths);
-    const Status st = finish(lattice_loss_cuda(d_lattice.ptr, d_t.ptr, d_u.ptr, B, T, U1, options,
-                                               d_costs.ptr, d_grads.ptr, alphas.ptr, betas.ptr,
-                                               nullptr));
+    const Status st =
+        finish(lattice_loss_cuda(d_lattice.ptr, d_t.ptr, d_u.ptr, B, T, U1, options, d_costs.ptr,
+                                 d_grads.ptr, alphas.ptr, betas.ptr, nullptr));
     d_costs.to_host(costs);
     d_grads.to_host(grads);
     return st;
@@ -88,9 +88,9 @@ class GpuBackend : public Backend {
                                 std::vector<float>* d_logits) override {
     DeviceBuffer<float> d_in(logits), d_lse(lse), d_lat(d_lattice), d_out(logits.size());
     DeviceBuffer<int32_t> d_labels(labels);
-    const Status st = finish(logits_to_lattice_grad_cuda(d_in.ptr, DType::kFloat32, d_labels.ptr,
-                                                         B, T, U1, V, blank, d_lse.ptr, d_lat.ptr,
-                                                         d_out.ptr, nullptr));
+    const Status st =
+        finish(logits_to_lattice_grad_cuda(d_in.ptr, DType::kFloat32, d_labels.ptr, B, T, U1, V,
+                                           blank, d_lse.ptr, d_lat.ptr, d_out.ptr, nullptr));
     d_out.to_host(d_logits);
     return st;
   }
@@ -165,7 +165,8 @@ bool load_cublas(std::string* why) {
     *why = std::string("TF_RNNT_CUBLAS=") + path + " could not be loaded: " + dlerror();
     return false;
   }
-  for (const char* name : {"libcublas.so.12", "libcublas.so.13", "libcublas.so.11", "libcublas.so"}) {
+  for (const char* name :
+       {"libcublas.so.12", "libcublas.so.13", "libcublas.so.11", "libcublas.so"}) {
     if (dlopen(name, RTLD_NOW | RTLD_GLOBAL)) return true;
   }
   *why = "no libcublas on the library search path; set TF_RNNT_CUBLAS to its full path";

@@ -7,10 +7,10 @@
 #include <utility>
 #include <vector>
 
+#include "op_inputs.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/lib/core/threadpool.h"
-#include "op_inputs.h"
 #include "tf_rnnt/rnnt_core.h"
 
 #if TF_RNNT_WITH_CUDA
@@ -27,19 +27,19 @@ using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
-using ::tensorflow::errors::InvalidArgument;
 using ::tensorflow::errors::Internal;
+using ::tensorflow::errors::InvalidArgument;
 using ::tensorflow::errors::ResourceExhausted;
 
 namespace {
 
 // OP_REQUIRES for helpers that return false on failure.
-#define TF_RNNT_REQUIRE(ctx, cond, ret, status)   \
-  do {                                            \
-    if (!(cond)) {                                \
+#define TF_RNNT_REQUIRE(ctx, cond, ret, status)      \
+  do {                                               \
+    if (!(cond)) {                                   \
       (ctx)->CtxFailure(__FILE__, __LINE__, status); \
-      return ret;                                 \
-    }                                             \
+      return ret;                                    \
+    }                                                \
   } while (0)
 
 ::tensorflow::Status to_tf_status(const Status& s, const char* op) {
@@ -65,23 +65,23 @@ DType core_dtype(DataType dt) {
 }
 
 // logit_lengths in [1, T], label_lengths in [0, U], both [B].
-bool validate_lengths(OpKernelContext* ctx, const Tensor& logit_lengths, const Tensor& label_lengths,
-                      int64_t B, int64_t T, int64_t U1) {
+bool validate_lengths(OpKernelContext* ctx, const Tensor& logit_lengths,
+                      const Tensor& label_lengths, int64_t B, int64_t T, int64_t U1) {
   TF_RNNT_REQUIRE(ctx, logit_lengths.dims() == 1 && logit_lengths.dim_size(0) == B, false,
-                     InvalidArgument("logit_lengths must have shape [", B, "] (the batch size), got ",
-                                     logit_lengths.shape().DebugString()));
+                  InvalidArgument("logit_lengths must have shape [", B, "] (the batch size), got ",
+                                  logit_lengths.shape().DebugString()));
   TF_RNNT_REQUIRE(ctx, label_lengths.dims() == 1 && label_lengths.dim_size(0) == B, false,
-                     InvalidArgument("label_lengths must have shape [", B, "] (the batch size), got ",
-                                     label_lengths.shape().DebugString()));
+                  InvalidArgument("label_lengths must have shape [", B, "] (the batch size), got ",
+                                  label_lengths.shape().DebugString()));
   const auto logit = logit_lengths.flat<int32_t>();
   const auto label = label_lengths.flat<int32_t>();
   for (int64_t b = 0; b < B; ++b) {
     TF_RNNT_REQUIRE(ctx, logit(b) >= 1 && logit(b) <= T, false,
-                       InvalidArgument("logit_lengths[", b, "] = ", logit(b), " must be in [1, ", T,
-                                       "] (T, the padded number of frames)"));
+                    InvalidArgument("logit_lengths[", b, "] = ", logit(b), " must be in [1, ", T,
+                                    "] (T, the padded number of frames)"));
     TF_RNNT_REQUIRE(ctx, label(b) >= 0 && label(b) <= U1 - 1, false,
-                       InvalidArgument("label_lengths[", b, "] = ", label(b), " must be in [0, ",
-                                       U1 - 1, "] (U, the padded number of labels)"));
+                    InvalidArgument("label_lengths[", b, "] = ", label(b), " must be in [0, ",
+                                    U1 - 1, "] (U, the padded number of labels)"));
   }
   return true;
 }
@@ -95,11 +95,11 @@ bool validate_labels(OpKernelContext* ctx, const Tensor& labels, const Tensor& l
     for (int64_t u = 0; u < len(b); ++u) {
       const int32_t y = lab(b, u);
       TF_RNNT_REQUIRE(ctx, y >= 0 && y < V, false,
-                         InvalidArgument("labels[", b, ", ", u, "] = ", y, " must be in [0, ", V,
-                                         ") (V, the vocabulary size)"));
+                      InvalidArgument("labels[", b, ", ", u, "] = ", y, " must be in [0, ", V,
+                                      ") (V, the vocabulary size)"));
       TF_RNNT_REQUIRE(ctx, y != blank, false,
-                         InvalidArgument("labels[", b, ", ", u, "] = ", y,
-                                         " is the blank index; labels must not contain blank"));
+                      InvalidArgument("labels[", b, ", ", u, "] = ", y,
+                                      " is the blank index; labels must not contain blank"));
     }
   }
   return true;
@@ -108,8 +108,8 @@ bool validate_labels(OpKernelContext* ctx, const Tensor& labels, const Tensor& l
 bool normalize_blank(OpKernelContext* ctx, int blank_attr, int64_t V, int* blank) {
   *blank = blank_attr < 0 ? static_cast<int>(blank_attr + V) : blank_attr;
   TF_RNNT_REQUIRE(ctx, *blank >= 0 && *blank < V, false,
-                     InvalidArgument("blank = ", blank_attr, " must be in [-", V, ", ", V,
-                                     ") (V, the vocabulary size)"));
+                  InvalidArgument("blank = ", blank_attr, " must be in [-", V, ", ", V,
+                                  ") (V, the vocabulary size)"));
   return true;
 }
 
@@ -255,8 +255,10 @@ class LatticeLossOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, lattice.shape(), &grads));
     if (B == 0) return;
     Tensor alphas, betas;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({B, T, U1}), &alphas));
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({B, T, U1}), &betas));
+    OP_REQUIRES_OK(ctx,
+                   ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({B, T, U1}), &alphas));
+    OP_REQUIRES_OK(ctx,
+                   ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({B, T, U1}), &betas));
     const CoreFunctor<Device> core(ctx);
     const Status s = core.lattice_loss(
         lattice.flat<float>().data(), core.lengths(ctx, kLogitLengths, kLogitLengthsHost),
@@ -341,8 +343,8 @@ class LogitsToLatticeGradOp : public OpKernel {
                 InvalidArgument("d_lattice must have shape [B, T, U+1, 2]"));
     // d logits overwrites the logits' buffer when TensorFlow can forward it.
     Tensor* d_logits = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({kLogits}, 0, logits.shape(),
-                                                              &d_logits));
+    OP_REQUIRES_OK(ctx,
+                   ctx->forward_input_or_allocate_output({kLogits}, 0, logits.shape(), &d_logits));
     const Status s = CoreFunctor<Device>(ctx).logits_to_lattice_grad(
         logits.tensor_data().data(), core_dtype(logits.dtype()),
         ctx->input(kLabels).flat<int32_t>().data(), B, T, U1, V, blank,
@@ -397,32 +399,30 @@ struct JointPlan {
     const Tensor& kernel = ctx->input(joint_in::kKernel);
     const Tensor& bias = ctx->input(joint_in::kBias);
     const Tensor& labels = ctx->input(joint_in::kLabels);
-    TF_RNNT_REQUIRE(ctx, enc.dims() == 3, false,
-                       InvalidArgument("encoder must have shape [B, T, H], got ",
-                                       enc.shape().DebugString()));
+    TF_RNNT_REQUIRE(
+        ctx, enc.dims() == 3, false,
+        InvalidArgument("encoder must have shape [B, T, H], got ", enc.shape().DebugString()));
     const int64_t B = enc.dim_size(0), T = enc.dim_size(1), H = enc.dim_size(2);
-    TF_RNNT_REQUIRE(ctx, pred.dims() == 3 && pred.dim_size(0) == B && pred.dim_size(2) == H,
-                       false,
-                       InvalidArgument("predictor must have shape [", B, ", U+1, ", H,
-                                       "] (batch and H of encoder ", enc.shape().DebugString(),
-                                       "), got ", pred.shape().DebugString()));
+    TF_RNNT_REQUIRE(ctx, pred.dims() == 3 && pred.dim_size(0) == B && pred.dim_size(2) == H, false,
+                    InvalidArgument("predictor must have shape [", B, ", U+1, ", H,
+                                    "] (batch and H of encoder ", enc.shape().DebugString(),
+                                    "), got ", pred.shape().DebugString()));
     const int64_t U1 = pred.dim_size(1);
     TF_RNNT_REQUIRE(ctx, U1 >= 1, false, InvalidArgument("predictor must have U+1 >= 1 steps"));
-    TF_RNNT_REQUIRE(ctx, kernel.dims() == 2 && kernel.dim_size(0) == H, false,
-                       InvalidArgument("kernel must have shape [", H, ", V] (H of encoder ",
-                                       enc.shape().DebugString(), "), got ",
-                                       kernel.shape().DebugString()));
+    TF_RNNT_REQUIRE(
+        ctx, kernel.dims() == 2 && kernel.dim_size(0) == H, false,
+        InvalidArgument("kernel must have shape [", H, ", V] (H of encoder ",
+                        enc.shape().DebugString(), "), got ", kernel.shape().DebugString()));
     const int64_t V = kernel.dim_size(1);
     TF_RNNT_REQUIRE(ctx, V >= 1, false, InvalidArgument("kernel must have V >= 1 columns"));
-    TF_RNNT_REQUIRE(ctx, bias.dims() == 1 && bias.dim_size(0) == V, false,
-                       InvalidArgument("bias must have shape [", V, "] (V of kernel ",
-                                       kernel.shape().DebugString(), "), got ",
-                                       bias.shape().DebugString()));
-    TF_RNNT_REQUIRE(ctx, labels.dims() == 2 && labels.dim_size(0) == B && labels.dim_size(1) == U1 - 1,
-                       false,
-                       InvalidArgument("labels must have shape [", B, ", ", U1 - 1,
-                                       "] ([B, U] for predictor ", pred.shape().DebugString(),
-                                       "), got ", labels.shape().DebugString()));
+    TF_RNNT_REQUIRE(
+        ctx, bias.dims() == 1 && bias.dim_size(0) == V, false,
+        InvalidArgument("bias must have shape [", V, "] (V of kernel ",
+                        kernel.shape().DebugString(), "), got ", bias.shape().DebugString()));
+    TF_RNNT_REQUIRE(
+        ctx, labels.dims() == 2 && labels.dim_size(0) == B && labels.dim_size(1) == U1 - 1, false,
+        InvalidArgument("labels must have shape [", B, ", ", U1 - 1, "] ([B, U] for predictor ",
+                        pred.shape().DebugString(), "), got ", labels.shape().DebugString()));
     if (!validate_lengths(ctx, logit_lengths_host, label_lengths_host, B, T, U1)) return false;
     shape.B = static_cast<int>(B);
     shape.T = static_cast<int>(T);
@@ -456,7 +456,8 @@ struct JointPlan {
     const int64_t n = num_nodes();
     if (attrs.untiled || n == 0) return std::max<int64_t>(n, 1);
     if (attrs.tile_nodes > 0) return std::min(attrs.tile_nodes, n);
-    const int64_t budget = attrs.memory_budget > 0 ? attrs.memory_budget : Core::kDefaultMemoryBudget;
+    const int64_t budget =
+        attrs.memory_budget > 0 ? attrs.memory_budget : Core::kDefaultMemoryBudget;
     // Marginal bytes per node (the workspace also holds tile-independent buffers).
     auto bytes = [&](int64_t nodes) {
       return static_cast<int64_t>(Core::joint_workspace_bytes(shape, options, nodes, true, false));
@@ -520,7 +521,8 @@ class JointLatticeOp : public OpKernel {
       OP_REQUIRES(ctx, st.ok(),
                   ResourceExhausted("tf_rnnt.joint_lattice (mode='untiled') could not keep the ",
                                     (i == 0 ? "joint values" : "logits"), " of its ", N,
-                                    " lattice nodes (", elements, " elements). Use mode='tiled' "
+                                    " lattice nodes (", elements,
+                                    " elements). Use mode='tiled' "
                                     "(with tile_size or memory_budget), or a smaller batch. (",
                                     st.message(), ")"));
     }
@@ -574,7 +576,8 @@ class JointLatticeGradOp : public OpKernel {
         saved_logits = *forwarded;
       } else {
         // Shared buffer (for example a persistent tape): overwrite a private copy instead.
-        OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, kept.shape(), &saved_logits));
+        OP_REQUIRES_OK(ctx,
+                       ctx->allocate_temp(::tensorflow::DT_FLOAT, kept.shape(), &saved_logits));
         OP_REQUIRES_OK(ctx, to_tf_status(core.copy(mutable_data(&saved_logits),
                                                    kept.tensor_data().data(), kept.TotalBytes()),
                                          "joint_lattice gradient"));
@@ -603,14 +606,14 @@ class JointLatticeGradOp : public OpKernel {
 
 }  // namespace
 
-#define REGISTER_FLOAT_KERNELS(NAME, OP, DEVICE, DEVICE_TYPE, ...)                               \
-  REGISTER_KERNEL_BUILDER(Name(NAME).Device(DEVICE).TypeConstraint<float>("dtype") __VA_ARGS__,  \
-                          OP<DEVICE_TYPE>);                                                      \
-  REGISTER_KERNEL_BUILDER(                                                                       \
-      Name(NAME).Device(DEVICE).TypeConstraint<::Eigen::half>("dtype") __VA_ARGS__,              \
-      OP<DEVICE_TYPE>);                                                                          \
-  REGISTER_KERNEL_BUILDER(                                                                       \
-      Name(NAME).Device(DEVICE).TypeConstraint<::tensorflow::bfloat16>("dtype") __VA_ARGS__,     \
+#define REGISTER_FLOAT_KERNELS(NAME, OP, DEVICE, DEVICE_TYPE, ...)                              \
+  REGISTER_KERNEL_BUILDER(Name(NAME).Device(DEVICE).TypeConstraint<float>("dtype") __VA_ARGS__, \
+                          OP<DEVICE_TYPE>);                                                     \
+  REGISTER_KERNEL_BUILDER(                                                                      \
+      Name(NAME).Device(DEVICE).TypeConstraint<::Eigen::half>("dtype") __VA_ARGS__,             \
+      OP<DEVICE_TYPE>);                                                                         \
+  REGISTER_KERNEL_BUILDER(                                                                      \
+      Name(NAME).Device(DEVICE).TypeConstraint<::tensorflow::bfloat16>("dtype") __VA_ARGS__,    \
       OP<DEVICE_TYPE>);
 
 REGISTER_KERNEL_BUILDER(Name("TfRnntLatticeLoss").Device(DEVICE_CPU), LatticeLossOp<CpuDevice>);
@@ -629,10 +632,9 @@ REGISTER_KERNEL_BUILDER(Name("TfRnntLatticeLoss")
 REGISTER_FLOAT_KERNELS("TfRnntLogitsToLattice", LogitsToLatticeOp, DEVICE_GPU, GpuDevice,
                        .HostMemory("labels_host").HostMemory("label_lengths_host"))
 REGISTER_FLOAT_KERNELS("TfRnntLogitsToLatticeGrad", LogitsToLatticeGradOp, DEVICE_GPU, GpuDevice)
-REGISTER_FLOAT_KERNELS("TfRnntJointLattice", JointLatticeOp, DEVICE_GPU, GpuDevice,
-                       .HostMemory("labels_host")
-                           .HostMemory("logit_lengths_host")
-                           .HostMemory("label_lengths_host"))
+REGISTER_FLOAT_KERNELS(
+    "TfRnntJointLattice", JointLatticeOp, DEVICE_GPU, GpuDevice,
+    .HostMemory("labels_host").HostMemory("logit_lengths_host").HostMemory("label_lengths_host"))
 REGISTER_FLOAT_KERNELS("TfRnntJointLatticeGrad", JointLatticeGradOp, DEVICE_GPU, GpuDevice,
                        .HostMemory("logit_lengths_host").HostMemory("label_lengths_host"))
 #endif

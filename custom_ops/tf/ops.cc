@@ -44,10 +44,9 @@ REGISTER_OP("TfRnntLatticeLoss")
     .SetShapeFn([](InferenceContext* c) {
       using namespace lattice_loss_in;  // NOLINT: the input names
       DimensionHandle batch;
-      TF_RETURN_IF_ERROR(batch_dim(c, kLattice, 4,
-                                   {kLogitLengths, kLabelLengths, kLogitLengthsHost,
-                                    kLabelLengthsHost},
-                                   &batch));
+      TF_RETURN_IF_ERROR(
+          batch_dim(c, kLattice, 4,
+                    {kLogitLengths, kLabelLengths, kLogitLengthsHost, kLabelLengthsHost}, &batch));
       ShapeHandle lattice;
       DimensionHandle two;
       TF_RETURN_IF_ERROR(c->WithValue(c->Dim(c->input(kLattice), 3), 2, &two));
@@ -97,13 +96,13 @@ REGISTER_OP("TfRnntLogitsToLatticeGrad")
       return Status();
     });
 
-#define TF_RNNT_JOINT_ATTRS                                    \
-  Attr("dtype: {float, half, bfloat16}")                      \
-      .Attr("blank: int")                                     \
-      .Attr("activation: {'tanh', 'relu', 'identity'}")       \
-      .Attr("untiled: bool = false")                          \
-      .Attr("tile_nodes: int = 0")                            \
-      .Attr("memory_budget: int = 0")                         \
+#define TF_RNNT_JOINT_ATTRS                             \
+  Attr("dtype: {float, half, bfloat16}")                \
+      .Attr("blank: int")                               \
+      .Attr("activation: {'tanh', 'relu', 'identity'}") \
+      .Attr("untiled: bool = false")                    \
+      .Attr("tile_nodes: int = 0")                      \
+      .Attr("memory_budget: int = 0")                   \
       .Attr("allow_tf32: bool = true")
 
 REGISTER_OP("TfRnntJointLattice")

@@ -44,8 +44,8 @@ inline uint16_t float_to_half_bits(float f) {
   const uint32_t abs = x & 0x7fffffffu;
   if (abs >= 0x7f800000u) return sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u);
   if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: overflow to inf
-  if (abs < 0x38800000u) {                         // subnormal or zero in half
-    if (abs < 0x33000000u) return sign;            // < 2^-25 rounds to 0
+  if (abs < 0x38800000u) {                        // subnormal or zero in half
+    if (abs < 0x33000000u) return sign;           // < 2^-25 rounds to 0
     const uint32_t e = abs >> 23;
     const uint32_t m = (abs & 0x7fffffu) | 0x800000u;
     const uint32_t shift = 126 - e;  // 14 + (113 - e) - 1 + ...
@@ -75,7 +75,6 @@ inline uint16_t float_to_bf16_bits(float f) {
   x += 0x7fffu + ((x >> 16) & 1u);  // round to nearest even
   return static_cast<uint16_t>(x >> 16);
 }
-
 
 struct LoadFloat32 {
   using Storage = float;

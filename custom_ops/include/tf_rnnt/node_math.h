@@ -2,11 +2,12 @@
 //
 // Notation (Graves 2012, "Sequence Transduction with Recurrent Neural Networks"):
 //   blank(t, u) = log P(blank | t, u),  label(t, u) = log P(y_{u+1} | t, u)
-//   alpha(t, u) = logaddexp(alpha(t-1, u) + blank(t-1, u), alpha(t, u-1) + label(t, u-1))   (eq. 16)
-//   beta(t, u)  = logaddexp(beta(t+1, u) + blank(t, u),  beta(t, u+1) + label(t, u))        (eq. 18)
+//   alpha(t, u) = logaddexp(alpha(t-1, u) + blank(t-1, u), alpha(t, u-1) + label(t, u-1)) (16)
+//   beta(t, u)  = logaddexp(beta(t+1, u) + blank(t, u),  beta(t, u+1) + label(t, u))      (18)
 //   log P(y|x) = beta(0, 0) = alpha(T-1, U) + blank(T-1, U)
-//   d cost / d blank(t, u) = -exp(alpha(t, u) + blank(t, u) + beta(t+1, u) - log P)          (eq. 20)
+//   d cost / d blank(t, u) = -exp(alpha(t, u) + blank(t, u) + beta(t+1, u) - log P)        (20)
 //   d cost / d label(t, u) = -exp(alpha(t, u) + label(t, u) + beta(t, u+1) - log P)
+// (equation numbers of the paper)
 #ifndef TF_RNNT_NODE_MATH_H_
 #define TF_RNNT_NODE_MATH_H_
 
@@ -161,7 +162,10 @@ TF_RNNT_HD NodeIndex locate_node(int64_t n, const int64_t* offsets, int B,
   int lo = 0, hi = B - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
-    if (offsets[mid] <= n) lo = mid; else hi = mid - 1;
+    if (offsets[mid] <= n)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   const int64_t local = n - offsets[lo];
   const int U1_b = label_lengths[lo] + 1;

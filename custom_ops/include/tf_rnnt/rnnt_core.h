@@ -36,8 +36,8 @@ inline size_t dtype_size(DType d) { return d == DType::kFloat32 ? 4 : 2; }
 
 // Runs fn(begin, end) over [0, total) on the caller's thread pool; cost_per_unit is a rough
 // number of cycles per unit of work, used to choose the shard size.
-using ParallelFor =
-    std::function<void(int64_t total, int64_t cost_per_unit, const std::function<void(int64_t, int64_t)>&)>;
+using ParallelFor = std::function<void(int64_t total, int64_t cost_per_unit,
+                                       const std::function<void(int64_t, int64_t)>&)>;
 
 using GpuStream = void*;  // a cudaStream_t
 
@@ -82,7 +82,8 @@ Status logits_to_lattice_grad_cuda(const void* logits, DType dtype, const int32_
 
 // ---------------------------------------------------------------- fused joint ("Flash RNN-T")
 // Valid nodes are packed sample after sample, (t, u) row-major inside a sample:
-//   node n of sample b at offsets[b] + t * (U_b + 1) + u,   offsets[b+1] = offsets[b] + T_b (U_b + 1)
+//   node n of sample b at offsets[b] + t * (U_b + 1) + u,
+//   offsets[b + 1] = offsets[b] + T_b * (U_b + 1)
 // and processed in tiles of consecutive packed nodes, so padding costs no GEMM work.
 struct JointShape {
   int B = 0, T = 0, U1 = 0, H = 0, V = 0;
@@ -141,18 +142,18 @@ JointSavedSizes joint_saved_sizes_cuda(const JointShape& shape, int64_t num_node
 
 struct JointForwardArgs {
   JointInputs in;
-  void* workspace = nullptr;  // joint_workspace_bytes_{cpu,cuda}(..., false, untiled)
-  float* lattice = nullptr;   // [B, T, U1, 2] out; 0 outside the valid rectangles
-  float* lse = nullptr;       // [num_nodes] out (packed)
+  void* workspace = nullptr;      // joint_workspace_bytes_{cpu,cuda}(..., false, untiled)
+  float* lattice = nullptr;       // [B, T, U1, 2] out; 0 outside the valid rectangles
+  float* lse = nullptr;           // [num_nodes] out (packed)
   void* saved_hidden = nullptr;   // untiled mode: joint_saved_sizes().hidden dtype out (else null)
   float* saved_logits = nullptr;  // untiled mode: joint_saved_sizes().logits out (else null)
 };
 
 struct JointBackwardArgs {
   JointInputs in;
-  void* workspace = nullptr;         // joint_workspace_bytes_{cpu,cuda}(..., true, untiled)
-  const float* lse = nullptr;        // [num_nodes]
-  const float* d_lattice = nullptr;  // [B, T, U1, 2]
+  void* workspace = nullptr;           // joint_workspace_bytes_{cpu,cuda}(..., true, untiled)
+  const float* lse = nullptr;          // [num_nodes]
+  const float* d_lattice = nullptr;    // [B, T, U1, 2]
   const void* saved_hidden = nullptr;  // untiled: as forward (else null: recomputed per tile)
   float* saved_logits = nullptr;       // untiled: as forward; overwritten by d logits (else null)
   // Gradients in dtype, written by the launcher (d kernel and d bias also for an empty batch):
