@@ -117,10 +117,41 @@ bool normalize_blank(OpKernelContext* ctx, int blank_attr, int64_t V, int* blank
 struct CpuDevice {};
 struct GpuDevice {};
 
-// The core's launchers for one device (the tensorflow custom-op functor pattern): each method
-// forwards its arguments to the device's launcher, adding the thread pool or the stream.
+// The core's launchers for one device (the tensorflow custom-op functor pattern).
 template <typename Device>
 struct CoreFunctor;
+
+// CoreFunctor's methods: name(args...) calls the device's launcher name_<suffix>(args...), adding
+// `runner` (the thread pool or the stream) where the launcher runs work.
+#define TF_RNNT_CORE_LAUNCHERS(suffix, runner)                             \
+  template <typename... A>                                                 \
+  Status lattice_loss(A&&... a) const {                                    \
+    return lattice_loss_##suffix(std::forward<A>(a)..., runner);           \
+  }                                                                        \
+  template <typename... A>                                                 \
+  Status logits_to_lattice(A&&... a) const {                               \
+    return logits_to_lattice_##suffix(std::forward<A>(a)..., runner);      \
+  }                                                                        \
+  template <typename... A>                                                 \
+  Status logits_to_lattice_grad(A&&... a) const {                          \
+    return logits_to_lattice_grad_##suffix(std::forward<A>(a)..., runner); \
+  }                                                                        \
+  template <typename... A>                                                 \
+  Status joint_forward(A&&... a) const {                                   \
+    return joint_forward_##suffix(std::forward<A>(a)..., runner);          \
+  }                                                                        \
+  template <typename... A>                                                 \
+  Status joint_backward(A&&... a) const {                                  \
+    return joint_backward_##suffix(std::forward<A>(a)..., runner);         \
+  }                                                                        \
+  template <typename... A>                                                 \
+  static size_t joint_workspace_bytes(A&&... a) {                          \
+    return joint_workspace_bytes_##suffix(std::forward<A>(a)...);          \
+  }                                                                        \
+  template <typename... A>                                                 \
+  static JointSavedSizes joint_saved_sizes(A&&... a) {                     \
+    return joint_saved_sizes_##suffix(std::forward<A>(a)...);              \
+  }
 
 template <>
 struct CoreFunctor<CpuDevice> {
@@ -141,34 +172,7 @@ struct CoreFunctor<CpuDevice> {
     return ctx->input(host_input).flat<int32_t>().data();
   }
 
-  template <typename... A>
-  Status lattice_loss(A&&... a) const {
-    return lattice_loss_cpu(std::forward<A>(a)..., parallel_for);
-  }
-  template <typename... A>
-  Status logits_to_lattice(A&&... a) const {
-    return logits_to_lattice_cpu(std::forward<A>(a)..., parallel_for);
-  }
-  template <typename... A>
-  Status logits_to_lattice_grad(A&&... a) const {
-    return logits_to_lattice_grad_cpu(std::forward<A>(a)..., parallel_for);
-  }
-  template <typename... A>
-  Status joint_forward(A&&... a) const {
-    return joint_forward_cpu(std::forward<A>(a)..., parallel_for);
-  }
-  template <typename... A>
-  Status joint_backward(A&&... a) const {
-    return joint_backward_cpu(std::forward<A>(a)..., parallel_for);
-  }
-  template <typename... A>
-  static size_t joint_workspace_bytes(A&&... a) {
-    return joint_workspace_bytes_cpu(std::forward<A>(a)...);
-  }
-  template <typename... A>
-  static JointSavedSizes joint_saved_sizes(A&&... a) {
-    return joint_saved_sizes_cpu(std::forward<A>(a)...);
-  }
+  TF_RNNT_CORE_LAUNCHERS(cpu, parallel_for)
   Status copy(void* dst, const void* src, size_t bytes) const {
     std::memcpy(dst, src, bytes);
     return Status();
@@ -191,34 +195,7 @@ struct CoreFunctor<GpuDevice> {
     return ctx->input(device_input).flat<int32_t>().data();
   }
 
-  template <typename... A>
-  Status lattice_loss(A&&... a) const {
-    return lattice_loss_cuda(std::forward<A>(a)..., stream);
-  }
-  template <typename... A>
-  Status logits_to_lattice(A&&... a) const {
-    return logits_to_lattice_cuda(std::forward<A>(a)..., stream);
-  }
-  template <typename... A>
-  Status logits_to_lattice_grad(A&&... a) const {
-    return logits_to_lattice_grad_cuda(std::forward<A>(a)..., stream);
-  }
-  template <typename... A>
-  Status joint_forward(A&&... a) const {
-    return joint_forward_cuda(std::forward<A>(a)..., stream);
-  }
-  template <typename... A>
-  Status joint_backward(A&&... a) const {
-    return joint_backward_cuda(std::forward<A>(a)..., stream);
-  }
-  template <typename... A>
-  static size_t joint_workspace_bytes(A&&... a) {
-    return joint_workspace_bytes_cuda(std::forward<A>(a)...);
-  }
-  template <typename... A>
-  static JointSavedSizes joint_saved_sizes(A&&... a) {
-    return joint_saved_sizes_cuda(std::forward<A>(a)...);
-  }
+  TF_RNNT_CORE_LAUNCHERS(cuda, stream)
   Status copy(void* dst, const void* src, size_t bytes) const {
     return copy_cuda(dst, src, bytes, stream);
   }
