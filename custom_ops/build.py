@@ -2,6 +2,7 @@
 """Builds tf_rnnt's op library against the installed TensorFlow.
 
   python custom_ops/build.py [--out tf_rnnt/_tf_rnnt_ops.so]
+  python custom_ops/build.py --tests   # build/tests/core_test: the core's tests, no TensorFlow
 
 CPU kernels always; CUDA kernels too when nvcc is found (CUDA_HOME/bin or PATH), unless
 TF_RNNT_WITH_CUDA=0. TF_RNNT_CUDA_ARCHS (default "80;86;89;90") lists the SM architectures;
@@ -52,7 +53,7 @@ def run(cmd):
     subprocess.check_call(cmd)
 
 
-def build(out, jobs):
+def build(out, jobs, tests=False):
     compile_flags, link_flags, tf_version = tf_flags()
     tf_include = [f[2:] for f in compile_flags if f.startswith("-I")][0]
     nvcc = find_nvcc()
@@ -96,6 +97,9 @@ def build(out, jobs):
     core_files = ["lattice_cpu.cc", "joint_cpu.cc"] + ([] if nvcc else ["cuda_unavailable.cc"])
     for f in core_files:
         add(os.path.join(SRC, "core", f), lambda s, o: [cxx, *core_flags, "-c", s, "-o", o])
+    if tests:
+        return build_core_test(add, objects, jobs_list, jobs, cxx, core_flags, cuda_defs,
+                               nvcc and cuda_home, include)
     for f in ("ops.cc", "kernels.cc"):
         add(os.path.join(SRC, "tf", f), lambda s, o: [cxx, *glue_flags, *cuda_defs, "-c", s, "-o", o])
 
@@ -115,12 +119,39 @@ def build(out, jobs):
     print(f"built {out} (TensorFlow {tf_version}, CUDA {'on' if nvcc else 'off'})")
 
 
+def build_core_test(add, objects, jobs_list, jobs, cxx, core_flags, cuda_defs, cuda_home, include):
+    """Links custom_ops/tests/core_test*.{cc,cu} with the core's objects into build/tests/core_test
+    (the GPU half when CUDA is built)."""
+    tests_dir = os.path.join(SRC, "tests")
+    test_include = "-I" + tests_dir
+    add(os.path.join(tests_dir, "core_test.cc"),
+        lambda s, o: [cxx, *core_flags, *cuda_defs, test_include, "-c", s, "-o", o])
+    if cuda_home:
+        nvcc = find_nvcc()
+        add(os.path.join(tests_dir, "core_test_gpu.cu"), lambda s, o: [
+            nvcc, "-O2", "-std=c++17", "-Xcompiler", "-fPIC", *include, test_include,
+            "-c", s, "-o", o])  # host code only: no architecture to choose
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        for future in [pool.submit(run, cmd) for cmd in jobs_list]:
+            future.result()
+    out = os.path.join(ROOT, "build", "tests", "core_test")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    libs = ["-ldl", "-lpthread"]
+    if cuda_home:
+        libs += ["-L" + os.path.join(cuda_home, "lib64"), "-l:libcudart_static.a", "-lrt"]
+    run([cxx, "-o", out, *objects, *libs])
+    print(f"built {out}")
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.path.join(ROOT, "tf_rnnt", "_tf_rnnt_ops.so"))
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--tests", action="store_true",
+                        help="build the core test program build/tests/core_test instead of the library")
     args = parser.parse_args()
-    build(os.path.abspath(args.out), args.jobs)
+    build(os.path.abspath(args.out), args.jobs, tests=args.tests)
 
 
 if __name__ == "__main__":

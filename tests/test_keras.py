@@ -444,8 +444,8 @@ def test_variable_lengths_do_not_retrace_train_step():
 def test_mixed_precision_trains_without_nan(policy):
     keras.mixed_precision.set_global_policy(policy)
     # Keras' cuDNN LSTM gives non-finite bfloat16 weight gradients on the H200 even for finite
-    # upstream gradients (tests/gpu/lstm_bf16_repro.py, no tf_rnnt involved): keep the LSTMs off
-    # cuDNN there so the test checks the joint, not that TensorFlow issue.
+    # upstream gradients (tests/gpu/investigations/lstm_bf16_repro.py, no tf_rnnt involved):
+    # keep the LSTMs off cuDNN there so the test checks the joint, not that TensorFlow issue.
     lstm_kwargs = {"use_cudnn": False} if policy == "mixed_bfloat16" else None
     try:
         model, _ = build_transducer(seed=3, lstm_kwargs=lstm_kwargs)

@@ -11,9 +11,9 @@ namespace {
 using CreateFn = cublasStatus_t (*)(cublasHandle_t*);
 using SetStreamFn = cublasStatus_t (*)(cublasHandle_t, cudaStream_t);
 using GemmExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
-                                    int, const void*, const void*, cudaDataType_t, int,
-                                    const void*, cudaDataType_t, int, const void*, void*,
-                                    cudaDataType_t, int, cublasComputeType_t, cublasGemmAlgo_t);
+                                    int, const void*, const void*, cudaDataType_t, int, const void*,
+                                    cudaDataType_t, int, const void*, void*, cudaDataType_t, int,
+                                    cublasComputeType_t, cublasGemmAlgo_t);
 
 struct CublasApi {
   CreateFn create = nullptr;
@@ -79,9 +79,9 @@ Status gemm_row_major(cublasHandle_t handle, bool trans_a, bool trans_b, int m, 
                       int ldc, bool allow_tf32) {
   if (m == 0 || n == 0) return Status();
   const float alpha = 1.f;
-  const cublasComputeType_t compute =
-      (allow_tf32 && a_type == CUDA_R_32F && b_type == CUDA_R_32F) ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                                                   : CUBLAS_COMPUTE_32F;
+  const cublasComputeType_t compute = (allow_tf32 && a_type == CUDA_R_32F && b_type == CUDA_R_32F)
+                                          ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                          : CUBLAS_COMPUTE_32F;
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
   const cublasStatus_t st = api().gemm_ex(
       handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k,

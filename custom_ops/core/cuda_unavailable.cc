@@ -25,17 +25,18 @@ Status logits_to_lattice_grad_cuda(const void*, DType, const int32_t*, int, int,
                                    const float*, const float*, void*, GpuStream) {
   return unavailable();
 }
-size_t joint_workspace_bytes_cuda(const JointShape&, int64_t, bool, bool) { return 0; }
-Status joint_forward_cuda(const JointShape&, const JointForwardArgs&, GpuStream) {
+size_t joint_workspace_bytes_cuda(const JointShape&, const JointOptions&, int64_t, bool, bool) {
+  return 0;
+}
+JointSavedSizes joint_saved_sizes_cuda(const JointShape&, int64_t) { return JointSavedSizes(); }
+Status joint_forward_cuda(const JointShape&, const JointOptions&, const JointForwardArgs&,
+                          GpuStream) {
   return unavailable();
 }
-Status joint_backward_cuda(const JointShape&, const JointBackwardArgs&, GpuStream) {
+Status joint_backward_cuda(const JointShape&, const JointOptions&, const JointBackwardArgs&,
+                           GpuStream) {
   return unavailable();
 }
-Status joint_node_offsets_cuda(const int32_t*, const int32_t*, int, int64_t*, GpuStream) {
-  return unavailable();
-}
-Status cast_float_cuda(const float*, void*, DType, int64_t, GpuStream) { return unavailable(); }
 Status copy_cuda(void*, const void*, size_t, GpuStream) { return unavailable(); }
 
 }  // namespace tf_rnnt

@@ -8,6 +8,7 @@
 #include <functional>
 #include <vector>
 
+#include "joint_grads.h"
 #include "tf_rnnt/dtype_cpu.h"
 #include "tf_rnnt/node_math.h"
 #include "tf_rnnt/rnnt_core.h"
@@ -65,6 +66,7 @@ template <typename Load>
 struct JointCpu {
   using Storage = typename Load::Storage;
   const JointShape& s;
+  const JointOptions& o;
   const int32_t* label_lengths;
   const Storage* encoder;
   const Storage* predictor;
@@ -73,17 +75,16 @@ struct JointCpu {
   std::vector<float> kernel;  // [H, V] float32
   std::vector<float> bias;    // [V]
 
-  JointCpu(const JointShape& shape, const int32_t* label_lengths_, const void* enc,
-           const void* pred, const void* kern, const void* b, const int32_t* labels_,
-           const int64_t* offsets_)
+  JointCpu(const JointShape& shape, const JointOptions& options, const JointInputs& in)
       : s(shape),
-        label_lengths(label_lengths_),
-        encoder(static_cast<const Storage*>(enc)),
-        predictor(static_cast<const Storage*>(pred)),
-        labels(labels_),
-        offsets(offsets_),
-        kernel(to_float_vector<Load>(kern, static_cast<int64_t>(shape.H) * shape.V)),
-        bias(to_float_vector<Load>(b, shape.V)) {}
+        o(options),
+        label_lengths(in.host.label_lengths),
+        encoder(static_cast<const Storage*>(in.encoder)),
+        predictor(static_cast<const Storage*>(in.predictor)),
+        labels(in.labels),
+        offsets(in.host.node_offsets),
+        kernel(to_float_vector<Load>(in.kernel, static_cast<int64_t>(shape.H) * shape.V)),
+        bias(to_float_vector<Load>(in.bias, shape.V)) {}
 
   // z = act(encoder[b, t] + predictor[b, u]) for nodes [n0, n1), rounded to the input dtype.
   void hidden(int64_t n0, int64_t n1, float* z) const {
@@ -96,7 +97,7 @@ struct JointCpu {
       float* out = z + (n - n0) * H;
       for (int h = 0; h < H; ++h) {
         out[h] = round_to_dtype<Load>(
-            activate(Load::to_float(e[h]) + Load::to_float(p[h]), s.activation));
+            activate(Load::to_float(e[h]) + Load::to_float(p[h]), o.activation));
       }
     }
   }
@@ -121,10 +122,10 @@ struct JointCpu {
       const float total = lse_value(st);
       const int64_t padded = (static_cast<int64_t>(i.b) * s.T + i.t) * s.U1 + i.u;
       lse[n] = total;
-      lattice[2 * padded] = row[s.blank] + bias[s.blank] - total;
+      lattice[2 * padded] = log_softmax_at(row[o.blank] + bias[o.blank], st);
       if (i.u < label_lengths[i.b]) {
         const int label = labels[static_cast<int64_t>(i.b) * (s.U1 - 1) + i.u];
-        lattice[2 * padded + 1] = row[label] + bias[label] - total;
+        lattice[2 * padded + 1] = log_softmax_at(row[label] + bias[label], st);
       }
     }
   }
@@ -144,7 +145,7 @@ struct JointCpu {
       float* row = rows + (n - n0) * V;
       for (int v = 0; v < V; ++v) {
         row[v] = round_to_dtype<Load>(
-            logit_grad(row[v] + bias[v], lse[n], v, s.blank, label, g_blank, g_label));
+            logit_grad(row[v] + bias[v], lse[n], v, o.blank, label, g_blank, g_label));
       }
     }
   }
@@ -177,6 +178,35 @@ struct WorkerFailure {
   }
 };
 
+// The workspace's float32 buffers: per tile z [tile, H], d hidden [tile, H] (backward) and, tiled,
+// logits [tile, V]; then, backward with 16-bit inputs, the gradient accumulators (float32 inputs
+// accumulate in the outputs).
+struct CpuBuffers {
+  float* z = nullptr;
+  float* d_hidden = nullptr;
+  float* tile_logits = nullptr;
+  GradAccumulators acc;
+  size_t floats = 0;
+
+  CpuBuffers(void* base, const JointShape& s, DType dtype, int64_t tile, bool backward,
+             bool untiled) {
+    float* origin = static_cast<float*>(base);
+    auto take = [&](float*& ptr, int64_t count) {
+      ptr = origin ? origin + floats : nullptr;
+      floats += static_cast<size_t>(count);
+    };
+    take(z, tile * s.H);
+    if (backward) take(d_hidden, tile * s.H);
+    if (!untiled) take(tile_logits, tile * s.V);
+    if (backward && dtype != DType::kFloat32) {
+      take(acc.d_encoder, static_cast<int64_t>(s.B) * s.T * s.H);
+      take(acc.d_predictor, static_cast<int64_t>(s.B) * s.U1 * s.H);
+      take(acc.d_kernel, static_cast<int64_t>(s.H) * s.V);
+      take(acc.d_bias, s.V);
+    }
+  }
+};
+
 }  // namespace
 
 void joint_node_offsets(const int32_t* logit_lengths, const int32_t* label_lengths, int B,
@@ -187,23 +217,24 @@ void joint_node_offsets(const int32_t* logit_lengths, const int32_t* label_lengt
   }
 }
 
-Status joint_forward_cpu(const JointShape& shape, const JointForwardArgs& a,
-                         const ParallelFor& parallel_for) {
+Status joint_forward_cpu(const JointShape& shape, const JointOptions& options,
+                         const JointForwardArgs& a, const ParallelFor& parallel_for) {
   const int H = shape.H, V = shape.V;
   std::memset(a.lattice, 0, sizeof(float) * 2 * shape.B * static_cast<int64_t>(shape.T) * shape.U1);
-  if (a.num_nodes == 0) return Status();
+  const int64_t num_nodes = a.in.host.num_nodes;
+  if (num_nodes == 0) return Status();
   const bool untiled = a.saved_logits != nullptr;
-  const int64_t tile = untiled ? a.num_nodes : a.tile_nodes;
+  const int64_t tile = untiled ? num_nodes : a.in.host.tile_nodes;
   WorkerFailure failure;
-  dispatch_dtype(shape.dtype, [&](auto load) {
+  dispatch_dtype(options.dtype, [&](auto load) {
     using Load = decltype(load);
-    JointCpu<Load> joint(shape, a.label_lengths, a.encoder, a.predictor, a.kernel, a.bias, a.labels,
-                         a.node_offsets);
-    float* z = static_cast<float*>(a.workspace);
-    float* logits = untiled ? a.saved_logits : z + tile * H;
-    for (int64_t n0 = 0; n0 < a.num_nodes; n0 += tile) {
-      const int64_t rows = std::min(tile, a.num_nodes - n0);
-      parallel_for(shards(rows), kRowsPerShard * H * V * 2, failure.guard([&](int64_t s0, int64_t s1) {
+    JointCpu<Load> joint(shape, options, a.in);
+    const CpuBuffers buf(a.workspace, shape, options.dtype, tile, false, untiled);
+    float* z = buf.z;
+    float* logits = untiled ? a.saved_logits : buf.tile_logits;
+    for (int64_t n0 = 0; n0 < num_nodes; n0 += tile) {
+      const int64_t rows = std::min(tile, num_nodes - n0);
+      auto shard = failure.guard([&](int64_t s0, int64_t s1) {
         const int64_t r0 = s0 * kRowsPerShard, r1 = std::min(rows, s1 * kRowsPerShard);
         joint.hidden(n0 + r0, n0 + r1, z + r0 * H);
         joint.logits(r1 - r0, z + r0 * H, logits + (n0 + r0 - (untiled ? 0 : n0)) * V);
@@ -213,39 +244,43 @@ Status joint_forward_cpu(const JointShape& shape, const JointForwardArgs& a,
           auto* saved = static_cast<typename Load::Storage*>(a.saved_hidden);
           for (int64_t i = r0 * H; i < r1 * H; ++i) saved[n0 * H + i] = Load::from_float(z[i]);
         }
-      }));
+      });
+      parallel_for(shards(rows), kRowsPerShard * H * V * 2, shard);
     }
   });
   return failure.status();
 }
 
-Status joint_backward_cpu(const JointShape& shape, const JointBackwardArgs& a,
-                          const ParallelFor& parallel_for) {
+Status joint_backward_cpu(const JointShape& shape, const JointOptions& options,
+                          const JointBackwardArgs& a, const ParallelFor& parallel_for) {
   const int H = shape.H, V = shape.V;
-  std::memset(a.d_encoder, 0, sizeof(float) * shape.B * static_cast<int64_t>(shape.T) * H);
-  std::memset(a.d_predictor, 0, sizeof(float) * shape.B * static_cast<int64_t>(shape.U1) * H);
-  std::memset(a.d_kernel, 0, sizeof(float) * static_cast<int64_t>(H) * V);
-  std::memset(a.d_bias, 0, sizeof(float) * V);
-  if (a.num_nodes == 0) return Status();
+  const int64_t num_nodes = a.in.host.num_nodes;
   const bool untiled = a.saved_logits != nullptr;
-  const int64_t tile = untiled ? a.num_nodes : a.tile_nodes;
+  const int64_t tile = untiled ? num_nodes : a.in.host.tile_nodes;
+  CpuBuffers buf(a.workspace, shape, options.dtype, tile, true, untiled);
+  const GradAccumulators acc =
+      options.dtype == DType::kFloat32 ? GradAccumulators::of_outputs(a) : buf.acc;
+  const GradSizes sizes(shape);
+  std::memset(acc.d_encoder, 0, sizeof(float) * sizes.encoder);
+  std::memset(acc.d_predictor, 0, sizeof(float) * sizes.predictor);
+  std::memset(acc.d_kernel, 0, sizeof(float) * sizes.kernel);
+  std::memset(acc.d_bias, 0, sizeof(float) * sizes.bias);
   WorkerFailure failure;
-  dispatch_dtype(shape.dtype, [&](auto load) {
+  dispatch_dtype(options.dtype, [&](auto load) {
     using Load = decltype(load);
     using Storage = typename Load::Storage;
-    JointCpu<Load> joint(shape, a.label_lengths, a.encoder, a.predictor, a.kernel, a.bias, a.labels,
-                         a.node_offsets);
-    float* z = static_cast<float*>(a.workspace);
-    float* d_hidden = z + tile * H;
-    float* tile_logits = d_hidden + tile * H;
+    JointCpu<Load> joint(shape, options, a.in);
+    float* z = buf.z;
+    float* d_hidden = buf.d_hidden;
+    float* tile_logits = buf.tile_logits;
     ConstMatrixMap kernel(joint.kernel.data(), H, V);
-    MatrixMap d_kernel(a.d_kernel, H, V);
-    for (int64_t n0 = 0; n0 < a.num_nodes; n0 += tile) {
-      const int64_t rows = std::min(tile, a.num_nodes - n0);
+    MatrixMap d_kernel(acc.d_kernel, H, V);
+    for (int64_t n0 = 0; n0 < num_nodes; n0 += tile) {
+      const int64_t rows = std::min(tile, num_nodes - n0);
       float* logits = untiled ? a.saved_logits + n0 * V : tile_logits;
       // Recompute (tiled) or reload (untiled) the tile's joint values and logits, then form
       // d logits in place and d hidden = d logits @ kernel^T.
-      parallel_for(shards(rows), kRowsPerShard * H * V * 6, failure.guard([&](int64_t s0, int64_t s1) {
+      auto shard = failure.guard([&](int64_t s0, int64_t s1) {
         const int64_t r0 = s0 * kRowsPerShard, r1 = std::min(rows, s1 * kRowsPerShard);
         if (untiled) {
           const auto* saved = static_cast<const Storage*>(a.saved_hidden) + (n0 + r0) * H;
@@ -259,30 +294,32 @@ Status joint_backward_cpu(const JointShape& shape, const JointBackwardArgs& a,
         MatrixMap dh(d_hidden + r0 * H, r1 - r0, H);
         dh.noalias() = dl * kernel.transpose();
         for (int64_t i = r0 * H; i < r1 * H; ++i) {
-          dh.data()[i - r0 * H] *= activation_grad(z[i], shape.activation);
+          dh.data()[i - r0 * H] *= activation_grad(z[i], options.activation);
         }
-      }));
+      });
+      parallel_for(shards(rows), kRowsPerShard * H * V * 6, shard);
       // d kernel += z^T @ d logits and d bias += column sums, sharded over vocabulary columns.
       constexpr int64_t kCols = 64;
       ConstMatrixMap zm(z, rows, H);
       ConstMatrixMap dl(logits, rows, V);
-      parallel_for((V + kCols - 1) / kCols, rows * H * kCols * 2, failure.guard([&](int64_t c0, int64_t c1) {
+      auto columns = failure.guard([&](int64_t c0, int64_t c1) {
         const int64_t v0 = c0 * kCols, v1 = std::min<int64_t>(V, c1 * kCols);
         d_kernel.middleCols(v0, v1 - v0).noalias() += zm.transpose() * dl.middleCols(v0, v1 - v0);
         for (int64_t r = 0; r < rows; ++r) {
-          for (int64_t v = v0; v < v1; ++v) a.d_bias[v] += logits[r * V + v];
+          for (int64_t v = v0; v < v1; ++v) acc.d_bias[v] += logits[r * V + v];
         }
-      }));
+      });
+      parallel_for((V + kCols - 1) / kCols, rows * H * kCols * 2, columns);
       // d encoder[b, t] += sum_u d hidden; d predictor[b, u] += sum_t d hidden.
       // Sharded over hidden columns: each thread owns its columns of both outputs.
       constexpr int64_t kHidden = 32;
       parallel_for((H + kHidden - 1) / kHidden, rows * kHidden * 2, [&](int64_t c0, int64_t c1) {
         const int64_t h0 = c0 * kHidden, h1 = std::min<int64_t>(H, c1 * kHidden);
-        NodeCursor cursor(n0, a.node_offsets, shape.B, a.label_lengths);
+        NodeCursor cursor(n0, a.in.host.node_offsets, shape.B, a.in.host.label_lengths);
         for (int64_t r = 0; r < rows; ++r, cursor.next()) {
           const NodeIndex& i = cursor.idx;
-          float* de = a.d_encoder + (static_cast<int64_t>(i.b) * shape.T + i.t) * H;
-          float* dp = a.d_predictor + (static_cast<int64_t>(i.b) * shape.U1 + i.u) * H;
+          float* de = acc.d_encoder + (static_cast<int64_t>(i.b) * shape.T + i.t) * H;
+          float* dp = acc.d_predictor + (static_cast<int64_t>(i.b) * shape.U1 + i.u) * H;
           const float* dh = d_hidden + r * H;
           for (int64_t h = h0; h < h1; ++h) {
             de[h] += dh[h];
@@ -291,17 +328,34 @@ Status joint_backward_cpu(const JointShape& shape, const JointBackwardArgs& a,
         }
       });
     }
+    if (options.dtype != DType::kFloat32) {
+      // The gradients in the input dtype, from their float32 accumulators.
+      const float* from[4] = {acc.d_encoder, acc.d_predictor, acc.d_kernel, acc.d_bias};
+      void* to[4] = {a.d_encoder, a.d_predictor, a.d_kernel, a.d_bias};
+      const int64_t count[4] = {sizes.encoder, sizes.predictor, sizes.kernel, sizes.bias};
+      for (int k = 0; k < 4; ++k) {
+        auto* out = static_cast<Storage*>(to[k]);
+        parallel_for(count[k], 4, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) out[i] = Load::from_float(from[k][i]);
+        });
+      }
+    }
   });
   return failure.status();
 }
 
-size_t joint_workspace_bytes_cpu(const JointShape& shape, int64_t tile_nodes, bool backward,
-                             bool untiled) {
-  // CPU layout: z float [tile, H]; backward adds d hidden float [tile, H]; tiled mode adds the
-  // tile's float logits [tile, V] (untiled mode reads/writes saved_logits instead).
+size_t joint_workspace_bytes_cpu(const JointShape& shape, const JointOptions& options,
+                                 int64_t tile_nodes, bool backward, bool untiled) {
   // The GPU launcher (joint_cuda.cu) has its own layout and size function.
-  const size_t per_node = sizeof(float) * (shape.H * (backward ? 2 : 1) + (untiled ? 0 : shape.V));
-  return per_node * static_cast<size_t>(tile_nodes);
+  return sizeof(float) *
+         CpuBuffers(nullptr, shape, options.dtype, tile_nodes, backward, untiled).floats;
+}
+
+JointSavedSizes joint_saved_sizes_cpu(const JointShape& shape, int64_t num_nodes) {
+  JointSavedSizes sizes;
+  sizes.hidden = num_nodes * shape.H;
+  sizes.logits = num_nodes * shape.V;
+  return sizes;
 }
 
 }  // namespace tf_rnnt

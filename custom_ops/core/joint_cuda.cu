@@ -6,7 +6,7 @@
 //             (cuBLAS; d hidden over z's buffer), then one pass over d hidden * act'(enc + pred)
 //             that completes d encoder and leaves per-chunk d predictor sums, and their sum
 //             (ordered reductions, no atomics: deterministic).
-// z rows are Hz = joint_hidden_width wide: H activations, a ones column (its d kernel row is
+// z rows are Hz = hidden_width(s) wide: H activations, a ones column (its d kernel row is
 // d bias), zeros; the GEMMs over H use Hk = H rounded up to 8 columns, so the ones column costs
 // only the d kernel GEMM an extra row.
 // Tiled mode keeps the logits tile in the input dtype (float32 accumulation, then rounded, as a
@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "cublas_loader.h"
+#include "joint_grads.h"
 #include "tf_rnnt/dtype_cuda.cuh"
 #include "tf_rnnt/node_math.h"
 #include "tf_rnnt/rnnt_core.h"
@@ -25,18 +26,31 @@ namespace tf_rnnt {
 
 namespace {
 
-constexpr int kWarps = 8;           // warps per block in the per-node kernels
+constexpr int kWarps = 8;  // warps per block in the per-node kernels
 
 template <typename T>
 cudaDataType_t cuda_type();
 template <>
-cudaDataType_t cuda_type<float>() { return CUDA_R_32F; }
+cudaDataType_t cuda_type<float>() {
+  return CUDA_R_32F;
+}
 template <>
-cudaDataType_t cuda_type<__half>() { return CUDA_R_16F; }
+cudaDataType_t cuda_type<__half>() {
+  return CUDA_R_16F;
+}
 template <>
-cudaDataType_t cuda_type<__nv_bfloat16>() { return CUDA_R_16BF; }
+cudaDataType_t cuda_type<__nv_bfloat16>() {
+  return CUDA_R_16BF;
+}
 
 size_t align_up(size_t bytes) { return (bytes + 255) & ~size_t(255); }
+
+// Row widths of the tile buffers and of the untiled mode's kept tensors: the joint values get a
+// ones column (through the d kernel GEMM it yields d bias), and both widths are padded to
+// multiples of 8 for aligned tensor-core GEMMs.
+int round_up_to_8(int n) { return (n + 7) / 8 * 8; }
+int hidden_width(const JointShape& s) { return round_up_to_8(s.H + 1); }
+int logits_width(const JointShape& s) { return round_up_to_8(s.V); }
 
 __global__ void node_offsets_kernel(const int32_t* logit_lengths, const int32_t* label_lengths,
                                     int B, int64_t* offsets) {
@@ -83,15 +97,18 @@ __global__ void unpad_grad_kernel(const float* __restrict__ padded, int H, int V
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int h = static_cast<int>(i / V), v = static_cast<int>(i % V);
     const float g = padded[static_cast<int64_t>(h) * Vp + v];
-    if (h < H) d_kernel[i] = g; else d_bias[v] = g;
+    if (h < H)
+      d_kernel[i] = g;
+    else
+      d_bias[v] = g;
   }
 }
 
 // act(x) for a tile of type T. bfloat16 tiles take the hardware tanh (tanh.approx.f32, relative
 // error under 2^-10.9), which their rounding to 8 significant bits hides; the others keep tanhf.
 template <typename T>
-__device__ __forceinline__ float tile_activate(float x, int activation) {
-  if (std::is_same<T, __nv_bfloat16>::value && activation == kTanh) {
+__device__ __forceinline__ float tile_activate(float x, Activation activation) {
+  if (std::is_same<T, __nv_bfloat16>::value && activation == Activation::kTanh) {
     float y;
     asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
@@ -105,7 +122,7 @@ template <typename T>
 __global__ void hidden_kernel(int64_t n0, int64_t rows, const T* __restrict__ encoder,
                               const T* __restrict__ predictor, const int64_t* __restrict__ offsets,
                               const int32_t* __restrict__ label_lengths, int B, int T_max, int U1,
-                              int H, int Hz, int activation, T* __restrict__ z) {
+                              int H, int Hz, Activation activation, T* __restrict__ z) {
   constexpr int kPack = 16 / sizeof(T);
   const int lane = threadIdx.x & 31;
   const bool packed = H % kPack == 0;
@@ -167,10 +184,10 @@ __global__ void picks_kernel(int64_t n0, int64_t rows, const L* __restrict__ log
       const float total = lse_value(s);
       const int64_t padded = (static_cast<int64_t>(i.b) * T_max + i.t) * U1 + i.u;
       lse[n] = total;
-      lattice[2 * padded] = to_float(row[blank]) + bias[blank] - total;
+      lattice[2 * padded] = log_softmax_at(to_float(row[blank]) + bias[blank], s);
       if (i.u < label_lengths[i.b]) {
         const int label = labels[static_cast<int64_t>(i.b) * (U1 - 1) + i.u];
-        lattice[2 * padded + 1] = to_float(row[label]) + bias[label] - total;
+        lattice[2 * padded + 1] = log_softmax_at(to_float(row[label]) + bias[label], s);
       }
     }
   }
@@ -217,8 +234,8 @@ __global__ void logit_grads_kernel(int64_t n0, int64_t rows, const L* logits,
 
 // Frames are grouped in chunks of kChunkRows (aligned to t = 0) for the d encoder / d predictor
 // reductions: d predictor is summed over a chunk's frames in one block, then over chunks.
-// 16 is the size the H200 test suite and sanitizers ran with; 8 measured about 4% faster there
-// (benchmarks/results/rnnt_h200.md) and awaits those runs.
+// 8 measured about 4% faster on an H200 (benchmarks/results/rnnt_h200.md); 16 is the size the
+// GPU test suite and the sanitizers have covered.
 constexpr int kChunkRows = 16;
 constexpr int kGradWarps = 8;  // warps per block of hidden_grads_kernel; warp w takes u = w mod 8
 
@@ -286,8 +303,8 @@ __global__ void __launch_bounds__(32 * kGradWarps, 2)
                         const T* __restrict__ encoder, const T* __restrict__ predictor,
                         const int64_t* __restrict__ offsets,
                         const int32_t* __restrict__ logit_lengths,
-                        const int32_t* __restrict__ label_lengths, int T_max, int U1, int H,
-                        int Hz, int activation, float* __restrict__ d_encoder,
+                        const int32_t* __restrict__ label_lengths, int T_max, int U1, int H, int Hz,
+                        Activation activation, float* __restrict__ d_encoder,
                         float* __restrict__ partials) {
   constexpr int R = kChunkRows;
   __shared__ float encoder_sums[kGradWarps][R][32 * kVec];
@@ -308,7 +325,8 @@ __global__ void __launch_bounds__(32 * kGradWarps, 2)
   for (int r = 0; r < R; ++r) {
     Vec v{};
     if (active && r >= r_lo && r < r_hi) {
-      v = *reinterpret_cast<const Vec*>(encoder + (static_cast<int64_t>(b) * T_max + t_a + r) * H + h);
+      v = *reinterpret_cast<const Vec*>(encoder + (static_cast<int64_t>(b) * T_max + t_a + r) * H +
+                                        h);
     }
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
@@ -318,7 +336,8 @@ __global__ void __launch_bounds__(32 * kGradWarps, 2)
   }
   if (active) {
     for (int u = warp; u < U1_b; u += kGradWarps) {
-      const Vec pv = *reinterpret_cast<const Vec*>(predictor + (static_cast<int64_t>(b) * U1 + u) * H + h);
+      const Vec pv =
+          *reinterpret_cast<const Vec*>(predictor + (static_cast<int64_t>(b) * U1 + u) * H + h);
       float p[kVec], acc_p[kVec];
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
@@ -381,8 +400,8 @@ __global__ void predictor_grad_kernel(TileSpan span, const float* __restrict__ p
   int64_t partial_row = 0;
   while (u > label_lengths[b]) {
     u -= label_lengths[b] + 1;
-    partial_row += static_cast<int64_t>(tile_chunks(b, span, logit_lengths[b])) *
-                   (label_lengths[b] + 1);
+    partial_row +=
+        static_cast<int64_t>(tile_chunks(b, span, logit_lengths[b])) * (label_lengths[b] + 1);
     ++b;
   }
   const int U1_b = label_lengths[b] + 1;
@@ -400,24 +419,27 @@ struct TilePlan {
   int64_t chunks = 0, label_pairs = 0;
 };
 
-TilePlan plan_tile(int64_t n0, int64_t rows, const JointBackwardArgs& a, int B) {
+TilePlan plan_tile(int64_t n0, int64_t rows, const HostPlan& host, int B) {
   TilePlan p;
-  const int64_t* offsets = a.host_node_offsets;
+  const int64_t* offsets = host.node_offsets;
   auto locate = [&](int64_t n, int* b, int* t) {
     // The sample holding node n: the last b with offsets[b] <= n and a non-empty lattice.
     int lo = 0, hi = B - 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
-      if (offsets[mid] <= n) lo = mid; else hi = mid - 1;
+      if (offsets[mid] <= n)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     *b = lo;
-    *t = static_cast<int>((n - offsets[lo]) / (a.host_label_lengths[lo] + 1));
+    *t = static_cast<int>((n - offsets[lo]) / (host.label_lengths[lo] + 1));
   };
   locate(n0, &p.span.b0, &p.span.t0);
   locate(n0 + rows - 1, &p.span.b1, &p.span.t1);
   for (int b = p.span.b0; b <= p.span.b1; ++b) {
-    p.chunks += tile_chunks(b, p.span, a.host_logit_lengths[b]);
-    p.label_pairs += a.host_label_lengths[b] + 1;
+    p.chunks += tile_chunks(b, p.span, host.logit_lengths[b]);
+    p.label_pairs += host.label_lengths[b] + 1;
   }
   return p;
 }
@@ -446,19 +468,21 @@ int grid_warps(int64_t rows) {
 // inputs) d logits in T for all nodes.
 template <typename T>
 struct JointBuffers {
-  T* kernel = nullptr;        // [Hk, Vp]
-  float* bias = nullptr;      // [Vp], -inf padding
-  T* tile_z = nullptr;        // tiled: [tile, Hz]
-  T* tile_logits = nullptr;   // tiled: [tile, Vp]
-  float* d_kernel = nullptr;  // backward: [Hz, Vp] accumulator, d bias in row H
-  float* partials = nullptr;  // backward: a tile's d predictor partial sums
-  T* d_hidden = nullptr;      // untiled backward: [N, Hz]
-  T* d_logits = nullptr;      // untiled backward, half inputs: [N, Vp]
+  T* kernel = nullptr;         // [Hk, Vp]
+  float* bias = nullptr;       // [Vp], -inf padding
+  T* tile_z = nullptr;         // tiled: [tile, Hz]
+  T* tile_logits = nullptr;    // tiled: [tile, Vp]
+  float* d_kernel = nullptr;   // backward: [Hz, Vp] accumulator, d bias in row H
+  float* partials = nullptr;   // backward: a tile's d predictor partial sums
+  T* d_hidden = nullptr;       // untiled backward: [N, Hz]
+  T* d_logits = nullptr;       // untiled backward, half inputs: [N, Vp]
+  int64_t* offsets = nullptr;  // [B + 1] packed node offsets
+  GradAccumulators acc;        // backward, 16-bit T (float32 T accumulates in the outputs)
   size_t bytes = 0;
 
   JointBuffers(void* base, const JointShape& s, size_t tile, bool backward, bool untiled) {
-    const size_t Hk = round_up_to_8(s.H), Hz = joint_hidden_width(s, true);
-    const size_t Vp = joint_logits_width(s, true);
+    const size_t Hk = round_up_to_8(s.H), Hz = hidden_width(s);
+    const size_t Vp = logits_width(s);
     char* origin = static_cast<char*>(base);
     auto take = [&](auto*& ptr, size_t count) {
       using P = typename std::remove_reference<decltype(*ptr)>::type;
@@ -479,73 +503,92 @@ struct JointBuffers {
         if (sizeof(T) != sizeof(float)) take(d_logits, tile * Vp);
       }
     }
+    take(offsets, s.B + 1);
+    if (backward && sizeof(T) != sizeof(float)) {
+      const GradSizes g(s);
+      take(acc.d_encoder, g.encoder);
+      take(acc.d_predictor, g.predictor);
+      take(acc.d_kernel, g.kernel);
+      take(acc.d_bias, g.bias);
+    }
   }
 };
 
 // L: the logits' dtype (T in tiled mode, float32 when untiled mode keeps them).
 template <typename T, typename L>
-Status forward(const JointShape& s, const JointForwardArgs& a, cudaStream_t stream) {
-  const int H = s.H, V = s.V, Vp = joint_logits_width(s, true);
-  const int Hz = joint_hidden_width(s, true), Hk = round_up_to_8(H);
+Status forward(const JointShape& s, const JointOptions& o, const JointForwardArgs& a,
+               cudaStream_t stream) {
+  const JointInputs& in = a.in;
+  const HostPlan& host = in.host;
+  const int H = s.H, V = s.V, Vp = logits_width(s);
+  const int Hz = hidden_width(s), Hk = round_up_to_8(H);
   RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(
       a.lattice, 0, sizeof(float) * 2 * static_cast<size_t>(s.B) * s.T * s.U1, stream)));
-  if (a.num_nodes == 0) return Status();
+  if (host.num_nodes == 0) return Status();
   cublasHandle_t handle;
   RETURN_IF_ERROR(cublas_handle_for(stream, &handle));
   const bool untiled = a.saved_logits != nullptr;
-  const int64_t tile = untiled ? a.num_nodes : a.tile_nodes;
+  const int64_t tile = untiled ? host.num_nodes : host.tile_nodes;
   const JointBuffers<T> buf(a.workspace, s, tile, false, untiled);
   padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
-      static_cast<const T*>(a.kernel), H, V, Hk, Vp, buf.kernel);
-  padded_bias_kernel<T><<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(a.bias), V,
-                                                                  Vp, buf.bias);
-  for (int64_t n0 = 0; n0 < a.num_nodes; n0 += tile) {
-    const int64_t rows = std::min(tile, a.num_nodes - n0);
+      static_cast<const T*>(in.kernel), H, V, Hk, Vp, buf.kernel);
+  padded_bias_kernel<T>
+      <<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(in.bias), V, Vp, buf.bias);
+  node_offsets_kernel<<<1, 1, 0, stream>>>(in.logit_lengths, in.label_lengths, s.B, buf.offsets);
+  for (int64_t n0 = 0; n0 < host.num_nodes; n0 += tile) {
+    const int64_t rows = std::min(tile, host.num_nodes - n0);
     T* z = untiled ? static_cast<T*>(a.saved_hidden) : buf.tile_z;
-    L* logits = untiled ? reinterpret_cast<L*>(a.saved_logits) : reinterpret_cast<L*>(buf.tile_logits);
+    L* logits =
+        untiled ? reinterpret_cast<L*>(a.saved_logits) : reinterpret_cast<L*>(buf.tile_logits);
     hidden_kernel<T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
-        n0, rows, static_cast<const T*>(a.encoder), static_cast<const T*>(a.predictor),
-        a.node_offsets, a.label_lengths, s.B, s.T, s.U1, H, Hz, s.activation, z);
+        n0, rows, static_cast<const T*>(in.encoder), static_cast<const T*>(in.predictor),
+        buf.offsets, in.label_lengths, s.B, s.T, s.U1, H, Hz, o.activation, z);
     RETURN_IF_ERROR(gemm_row_major(handle, false, false, static_cast<int>(rows), Vp, Hk, z,
                                    cuda_type<T>(), Hz, buf.kernel, cuda_type<T>(), Vp, 0.f, logits,
-                                   cuda_type<L>(), Vp, s.allow_tf32));
+                                   cuda_type<L>(), Vp, o.allow_tf32));
     picks_kernel<L><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
-        n0, rows, logits, buf.bias, a.labels, a.node_offsets, a.label_lengths, s.B, s.T, s.U1, Vp,
-        s.blank, a.lattice, a.lse);
+        n0, rows, logits, buf.bias, in.labels, buf.offsets, in.label_lengths, s.B, s.T, s.U1, Vp,
+        o.blank, a.lattice, a.lse);
     RETURN_IF_ERROR(last_launch_status());
   }
   return Status();
 }
 
+// The gradients into acc (zeroed here first).
 template <typename T, typename L>
-Status backward(const JointShape& s, const JointBackwardArgs& a, cudaStream_t stream) {
-  const int H = s.H, V = s.V, Vp = joint_logits_width(s, true);
-  const int Hz = joint_hidden_width(s, true), Hk = round_up_to_8(H);
-  RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(
-      a.d_encoder, 0, sizeof(float) * static_cast<size_t>(s.B) * s.T * H, stream)));
-  RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(
-      a.d_predictor, 0, sizeof(float) * static_cast<size_t>(s.B) * s.U1 * H, stream)));
+Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointBackwardArgs& a,
+                        const JointBuffers<T>& buf, const GradAccumulators& acc,
+                        cudaStream_t stream) {
+  const JointInputs& in = a.in;
+  const HostPlan& host = in.host;
+  const int H = s.H, V = s.V, Vp = logits_width(s);
+  const int Hz = hidden_width(s), Hk = round_up_to_8(H);
+  const GradSizes sizes(s);
   RETURN_IF_ERROR(
-      cuda_status(cudaMemsetAsync(a.d_kernel, 0, sizeof(float) * static_cast<size_t>(H) * V, stream)));
-  RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(a.d_bias, 0, sizeof(float) * V, stream)));
-  if (a.num_nodes == 0) return Status();
+      cuda_status(cudaMemsetAsync(acc.d_encoder, 0, sizeof(float) * sizes.encoder, stream)));
+  RETURN_IF_ERROR(
+      cuda_status(cudaMemsetAsync(acc.d_predictor, 0, sizeof(float) * sizes.predictor, stream)));
+  RETURN_IF_ERROR(
+      cuda_status(cudaMemsetAsync(acc.d_kernel, 0, sizeof(float) * sizes.kernel, stream)));
+  RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(acc.d_bias, 0, sizeof(float) * sizes.bias, stream)));
+  if (host.num_nodes == 0) return Status();
   cublasHandle_t handle;
   RETURN_IF_ERROR(cublas_handle_for(stream, &handle));
   const bool untiled = a.saved_logits != nullptr;
-  const int64_t tile = untiled ? a.num_nodes : a.tile_nodes;
-  const JointBuffers<T> buf(a.workspace, s, tile, true, untiled);
-  const T* encoder = static_cast<const T*>(a.encoder);
-  const T* predictor = static_cast<const T*>(a.predictor);
+  const int64_t tile = untiled ? host.num_nodes : host.tile_nodes;
+  const T* encoder = static_cast<const T*>(in.encoder);
+  const T* predictor = static_cast<const T*>(in.predictor);
   padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
-      static_cast<const T*>(a.kernel), H, V, Hk, Vp, buf.kernel);
-  padded_bias_kernel<T><<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(a.bias), V,
-                                                                  Vp, buf.bias);
+      static_cast<const T*>(in.kernel), H, V, Hk, Vp, buf.kernel);
+  padded_bias_kernel<T>
+      <<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(in.bias), V, Vp, buf.bias);
+  node_offsets_kernel<<<1, 1, 0, stream>>>(in.logit_lengths, in.label_lengths, s.B, buf.offsets);
   RETURN_IF_ERROR(cuda_status(
       cudaMemsetAsync(buf.d_kernel, 0, sizeof(float) * static_cast<size_t>(Hz) * Vp, stream)));
   const int h_threads = H >= 128 ? 128 : ((H + 31) / 32) * 32;
   const int h_slices = (H + h_threads - 1) / h_threads;
-  for (int64_t n0 = 0; n0 < a.num_nodes; n0 += tile) {
-    const int64_t rows = std::min(tile, a.num_nodes - n0);
+  for (int64_t n0 = 0; n0 < host.num_nodes; n0 += tile) {
+    const int64_t rows = std::min(tile, host.num_nodes - n0);
     const T* z;
     L* logits;
     if (untiled) {
@@ -553,29 +596,29 @@ Status backward(const JointShape& s, const JointBackwardArgs& a, cudaStream_t st
       logits = reinterpret_cast<L*>(a.saved_logits);
     } else {  // recompute the tile (activation checkpointing)
       hidden_kernel<T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
-          n0, rows, encoder, predictor, a.node_offsets, a.label_lengths, s.B, s.T, s.U1, H, Hz,
-          s.activation, buf.tile_z);
+          n0, rows, encoder, predictor, buf.offsets, in.label_lengths, s.B, s.T, s.U1, H, Hz,
+          o.activation, buf.tile_z);
       logits = reinterpret_cast<L*>(buf.tile_logits);
       RETURN_IF_ERROR(gemm_row_major(handle, false, false, static_cast<int>(rows), Vp, Hk,
-                                     buf.tile_z, cuda_type<T>(), Hz, buf.kernel, cuda_type<T>(),
-                                     Vp, 0.f, logits, cuda_type<L>(), Vp, s.allow_tf32));
+                                     buf.tile_z, cuda_type<T>(), Hz, buf.kernel, cuda_type<T>(), Vp,
+                                     0.f, logits, cuda_type<L>(), Vp, o.allow_tf32));
       z = buf.tile_z;
     }
     // d logits over the logits when they share a dtype.
     T* d_logits = sizeof(L) == sizeof(T) ? reinterpret_cast<T*>(logits) : buf.d_logits;
     logit_grads_kernel<L, T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
-        n0, rows, logits, buf.bias, a.labels, a.node_offsets, a.label_lengths, s.B, s.T, s.U1, V,
-        Vp, s.blank, a.lse, a.d_lattice, d_logits);
+        n0, rows, logits, buf.bias, in.labels, buf.offsets, in.label_lengths, s.B, s.T, s.U1, V, Vp,
+        o.blank, a.lse, a.d_lattice, d_logits);
     // [d kernel; d bias] += [z, 1]^T @ d logits (ordered over tiles).
     RETURN_IF_ERROR(gemm_row_major(handle, true, false, Hz, Vp, static_cast<int>(rows), z,
                                    cuda_type<T>(), Hz, d_logits, cuda_type<T>(), Vp, 1.f,
-                                   buf.d_kernel, CUDA_R_32F, Vp, s.allow_tf32));
+                                   buf.d_kernel, CUDA_R_32F, Vp, o.allow_tf32));
     // d hidden = d logits @ Kp^T, over z's buffer in tiled mode (z is not needed any more).
     T* d_hidden = untiled ? buf.d_hidden : buf.tile_z;
     RETURN_IF_ERROR(gemm_row_major(handle, false, true, static_cast<int>(rows), Hk, Vp, d_logits,
                                    cuda_type<T>(), Vp, buf.kernel, cuda_type<T>(), Vp, 0.f,
-                                   d_hidden, cuda_type<T>(), Hz, s.allow_tf32));
-    const TilePlan tp = plan_tile(n0, rows, a, s.B);
+                                   d_hidden, cuda_type<T>(), Hz, o.allow_tf32));
+    const TilePlan tp = plan_tile(n0, rows, host, s.B);
     // Two 16-bit columns per 4-byte access where H allows it.
     constexpr int kPair = sizeof(T) == 2 ? 2 : 1;
     const bool paired = kPair == 2 && H % 2 == 0;
@@ -583,45 +626,59 @@ Status backward(const JointShape& s, const JointBackwardArgs& a, cudaStream_t st
     const dim3 grid(static_cast<unsigned>(tp.chunks), (H + columns - 1) / columns);
     auto hidden_grads = paired ? hidden_grads_kernel<T, kPair> : hidden_grads_kernel<T, 1>;
     hidden_grads<<<grid, 32 * kGradWarps, 0, stream>>>(
-        n0, rows, tp.span, d_hidden, encoder, predictor, a.node_offsets, a.logit_lengths,
-        a.label_lengths, s.T, s.U1, H, Hz, s.activation, a.d_encoder, buf.partials);
+        n0, rows, tp.span, d_hidden, encoder, predictor, buf.offsets, in.logit_lengths,
+        in.label_lengths, s.T, s.U1, H, Hz, o.activation, acc.d_encoder, buf.partials);
     predictor_grad_kernel<<<dim3(static_cast<unsigned>(tp.label_pairs), h_slices), h_threads, 0,
-                            stream>>>(tp.span, buf.partials, a.logit_lengths, a.label_lengths,
-                                      s.U1, H, a.d_predictor);
+                            stream>>>(tp.span, buf.partials, in.logit_lengths, in.label_lengths,
+                                      s.U1, H, acc.d_predictor);
     RETURN_IF_ERROR(last_launch_status());
   }
   unpad_grad_kernel<<<blocks_for(static_cast<int64_t>(H + 1) * V, 256), 256, 0, stream>>>(
-      buf.d_kernel, H, V, Vp, a.d_kernel, a.d_bias);
+      buf.d_kernel, H, V, Vp, acc.d_kernel, acc.d_bias);
+  return last_launch_status();
+}
+
+template <typename T, typename L>
+Status backward(const JointShape& s, const JointOptions& o, const JointBackwardArgs& a,
+                cudaStream_t stream) {
+  const bool untiled = a.saved_logits != nullptr;
+  const int64_t tile = untiled ? a.in.host.num_nodes : a.in.host.tile_nodes;
+  const JointBuffers<T> buf(a.workspace, s, tile, true, untiled);
+  constexpr bool kFloat = std::is_same<T, float>::value;
+  const GradAccumulators acc = kFloat ? GradAccumulators::of_outputs(a) : buf.acc;
+  RETURN_IF_ERROR((accumulate_grads<T, L>(s, o, a, buf, acc, stream)));
+  if (kFloat) return Status();
+  // The gradients in T, from their float32 accumulators.
+  const GradSizes sizes(s);
+  const float* from[4] = {acc.d_encoder, acc.d_predictor, acc.d_kernel, acc.d_bias};
+  void* to[4] = {a.d_encoder, a.d_predictor, a.d_kernel, a.d_bias};
+  const int64_t count[4] = {sizes.encoder, sizes.predictor, sizes.kernel, sizes.bias};
+  for (int k = 0; k < 4; ++k) {
+    if (count[k] == 0) continue;
+    cast_kernel<T>
+        <<<blocks_for(count[k], 256), 256, 0, stream>>>(from[k], static_cast<T*>(to[k]), count[k]);
+  }
   return last_launch_status();
 }
 
 }  // namespace
 
-size_t joint_workspace_bytes_cuda(const JointShape& s, int64_t tile_nodes, bool backward,
-                                  bool untiled) {
+size_t joint_workspace_bytes_cuda(const JointShape& s, const JointOptions& options,
+                                  int64_t tile_nodes, bool backward, bool untiled) {
   size_t bytes = 0;
-  dispatch_dtype_cuda(s.dtype, [&](auto tag) {
-    bytes = JointBuffers<decltype(tag)>(nullptr, s, static_cast<size_t>(tile_nodes), backward,
-                                        untiled).bytes;
+  dispatch_dtype_cuda(options.dtype, [&](auto tag) {
+    bytes =
+        JointBuffers<decltype(tag)>(nullptr, s, static_cast<size_t>(tile_nodes), backward, untiled)
+            .bytes;
   });
   return bytes;
 }
 
-Status joint_node_offsets_cuda(const int32_t* logit_lengths, const int32_t* label_lengths, int B,
-                               int64_t* offsets, GpuStream stream) {
-  node_offsets_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(logit_lengths,
-                                                                      label_lengths, B, offsets);
-  return last_launch_status();
-}
-
-Status cast_float_cuda(const float* in, void* out, DType dtype, int64_t n, GpuStream stream) {
-  if (n == 0) return Status();
-  auto s = static_cast<cudaStream_t>(stream);
-  dispatch_dtype_cuda(dtype, [&](auto tag) {
-    using Tv = decltype(tag);
-    cast_kernel<Tv><<<blocks_for(n, 256), 256, 0, s>>>(in, static_cast<Tv*>(out), n);
-  });
-  return last_launch_status();
+JointSavedSizes joint_saved_sizes_cuda(const JointShape& shape, int64_t num_nodes) {
+  JointSavedSizes sizes;
+  sizes.hidden = num_nodes * hidden_width(shape);
+  sizes.logits = num_nodes * logits_width(shape);
+  return sizes;
 }
 
 Status copy_cuda(void* dst, const void* src, size_t bytes, GpuStream stream) {
@@ -629,25 +686,26 @@ Status copy_cuda(void* dst, const void* src, size_t bytes, GpuStream stream) {
                                      static_cast<cudaStream_t>(stream)));
 }
 
-Status joint_forward_cuda(const JointShape& shape, const JointForwardArgs& args, GpuStream stream) {
+Status joint_forward_cuda(const JointShape& shape, const JointOptions& options,
+                          const JointForwardArgs& args, GpuStream stream) {
   Status status;
   const auto s = static_cast<cudaStream_t>(stream);
-  dispatch_dtype_cuda(shape.dtype, [&](auto tag) {
+  dispatch_dtype_cuda(options.dtype, [&](auto tag) {
     using T = decltype(tag);
-    status = args.saved_logits != nullptr ? forward<T, float>(shape, args, s)
-                                          : forward<T, T>(shape, args, s);
+    status = args.saved_logits != nullptr ? forward<T, float>(shape, options, args, s)
+                                          : forward<T, T>(shape, options, args, s);
   });
   return status;
 }
 
-Status joint_backward_cuda(const JointShape& shape, const JointBackwardArgs& args,
-                           GpuStream stream) {
+Status joint_backward_cuda(const JointShape& shape, const JointOptions& options,
+                           const JointBackwardArgs& args, GpuStream stream) {
   Status status;
   const auto s = static_cast<cudaStream_t>(stream);
-  dispatch_dtype_cuda(shape.dtype, [&](auto tag) {
+  dispatch_dtype_cuda(options.dtype, [&](auto tag) {
     using T = decltype(tag);
-    status = args.saved_logits != nullptr ? backward<T, float>(shape, args, s)
-                                          : backward<T, T>(shape, args, s);
+    status = args.saved_logits != nullptr ? backward<T, float>(shape, options, args, s)
+                                          : backward<T, T>(shape, options, args, s);
   });
   return status;
 }

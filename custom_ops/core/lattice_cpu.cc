@@ -50,9 +50,9 @@ void lattice_loss_sample(const float* lat, int T, int U1, int T_b, int U1_b,
       const bool last_t = t + 1 == T_b, last_u = u + 1 == U1_b;
       const float beta_next_t = last_t ? (last_u ? 0.f : kNegInf) : beta[at(t + 1, u)];
       const float beta_next_u = last_u ? kNegInf : beta[at(t, u + 1)];
-      const NodeGrad g = node_grad(alpha[at(t, u)], beta_next_t, beta_next_u, lat[2 * at(t, u)],
-                                   lat[2 * at(t, u) + 1], log_prob, options.fastemit_lambda,
-                                   options.clamp);
+      const NodeGrad g =
+          node_grad(alpha[at(t, u)], beta_next_t, beta_next_u, lat[2 * at(t, u)],
+                    lat[2 * at(t, u) + 1], log_prob, options.fastemit_lambda, options.clamp);
       grad[2 * at(t, u)] = g.blank;
       grad[2 * at(t, u) + 1] = g.label;
     }
@@ -72,8 +72,9 @@ void lattice_rows(const void* logits_ptr, const int32_t* labels, int T, int U1, 
     const int64_t b = node / (static_cast<int64_t>(T) * U1);
     const int label = u + 1 < U1 ? labels[b * (U1 - 1) + u] : -1;
     lse[node] = total;
-    lattice[2 * node] = Load::to_float(row[blank]) - total;
-    lattice[2 * node + 1] = (label >= 0 && label < V) ? Load::to_float(row[label]) - total : 0.f;
+    lattice[2 * node] = log_softmax_at(Load::to_float(row[blank]), s);
+    lattice[2 * node + 1] =
+        (label >= 0 && label < V) ? log_softmax_at(Load::to_float(row[label]), s) : 0.f;
   }
 }
 

@@ -66,9 +66,8 @@ __global__ void alpha_beta_kernel(const float* __restrict__ lattice,
 // One thread per node: eq. 20, zeros outside the valid rectangle, cost from beta(0, 0).
 __global__ void lattice_grad_kernel(const float* __restrict__ lattice,
                                     const int32_t* __restrict__ logit_lengths,
-                                    const int32_t* __restrict__ label_lengths, int B, int T,
-                                    int U1, LatticeLossOptions options,
-                                    const float* __restrict__ alphas,
+                                    const int32_t* __restrict__ label_lengths, int B, int T, int U1,
+                                    LatticeLossOptions options, const float* __restrict__ alphas,
                                     const float* __restrict__ betas, float* __restrict__ costs,
                                     float* __restrict__ grads) {
   const int64_t total = static_cast<int64_t>(B) * T * U1;
@@ -87,9 +86,9 @@ __global__ void lattice_grad_kernel(const float* __restrict__ lattice,
       const bool last_t = t + 1 == T_b, last_u = u + 1 == U1_b;
       const float beta_next_t = last_t ? (last_u ? 0.f : kNegInf) : betas[i + U1];
       const float beta_next_u = last_u ? kNegInf : betas[i + 1];
-      const NodeGrad ng = node_grad(alphas[i], beta_next_t, beta_next_u, lattice[2 * i],
-                                    lattice[2 * i + 1], log_prob, options.fastemit_lambda,
-                                    options.clamp);
+      const NodeGrad ng =
+          node_grad(alphas[i], beta_next_t, beta_next_u, lattice[2 * i], lattice[2 * i + 1],
+                    log_prob, options.fastemit_lambda, options.clamp);
       g = make_float2(ng.blank, ng.label);
     }
     reinterpret_cast<float2*>(grads)[i] = g;
@@ -101,9 +100,9 @@ constexpr int kWarpsPerBlock = 8;
 // One warp per node row of V logits: online log-sum-exp and the two picks.
 template <typename T>
 __global__ void logits_to_lattice_kernel(const T* __restrict__ logits,
-                                         const int32_t* __restrict__ labels, int64_t nodes,
-                                         int TU1, int U1, int V, int blank,
-                                         float* __restrict__ lattice, float* __restrict__ lse) {
+                                         const int32_t* __restrict__ labels, int64_t nodes, int TU1,
+                                         int U1, int V, int blank, float* __restrict__ lattice,
+                                         float* __restrict__ lse) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t node = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + (threadIdx.x >> 5);
@@ -118,8 +117,9 @@ __global__ void logits_to_lattice_kernel(const T* __restrict__ logits,
       const int64_t b = node / TU1;
       const int label = u + 1 < U1 ? labels[b * (U1 - 1) + u] : -1;
       lse[node] = total;
-      lattice[2 * node] = to_float(row[blank]) - total;
-      lattice[2 * node + 1] = (label >= 0 && label < V) ? to_float(row[label]) - total : 0.f;
+      lattice[2 * node] = log_softmax_at(to_float(row[blank]), s);
+      lattice[2 * node + 1] =
+          (label >= 0 && label < V) ? log_softmax_at(to_float(row[label]), s) : 0.f;
     }
   }
 }
@@ -143,7 +143,8 @@ __global__ void logits_to_lattice_grad_kernel(const T* logits, const int32_t* __
     const T* row = logits + node * V;
     T* out = d_logits + node * V;
     for (int v = lane; v < V; v += 32) {
-      out[v] = from_float<T>(logit_grad(to_float(row[v]), total, v, blank, label, g_blank, g_label));
+      out[v] =
+          from_float<T>(logit_grad(to_float(row[v]), total, v, blank, label, g_blank, g_label));
     }
   }
 }
@@ -162,9 +163,8 @@ Status lattice_loss_cuda(const float* lattice, const int32_t* logit_lengths,
   alpha_beta_kernel<<<dim3(B, 2), threads, use_shared ? shared : 0, s>>>(
       lattice, logit_lengths, label_lengths, T, U1, use_shared, alphas, betas);
   const int64_t total = static_cast<int64_t>(B) * T * U1;
-  lattice_grad_kernel<<<blocks_for(total, 256), 256, 0, s>>>(lattice, logit_lengths, label_lengths,
-                                                             B, T, U1, options, alphas, betas,
-                                                             costs, grads);
+  lattice_grad_kernel<<<blocks_for(total, 256), 256, 0, s>>>(
+      lattice, logit_lengths, label_lengths, B, T, U1, options, alphas, betas, costs, grads);
   return last_launch_status();
 }
 

@@ -1,13 +1,16 @@
 // TensorFlow glue: validate with OP_REQUIRES, allocate through TensorFlow, call the
-// framework-free core (custom_ops/core) on the op's thread pool or CUDA stream.
+// framework-free core (custom_ops/core) through CoreFunctor<Device>, which runs it on the op's
+// thread pool (CPU) or CUDA stream (GPU).
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "op_inputs.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/lib/core/threadpool.h"
-#include "tf_rnnt/node_math.h"
 #include "tf_rnnt/rnnt_core.h"
 
 #if TF_RNNT_WITH_CUDA
@@ -24,41 +27,20 @@ using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
-using ::tensorflow::errors::InvalidArgument;
 using ::tensorflow::errors::Internal;
+using ::tensorflow::errors::InvalidArgument;
 using ::tensorflow::errors::ResourceExhausted;
 
 namespace {
 
 // OP_REQUIRES for helpers that return false on failure.
-#define TF_RNNT_REQUIRE(ctx, cond, ret, status)   \
-  do {                                            \
-    if (!(cond)) {                                \
+#define TF_RNNT_REQUIRE(ctx, cond, ret, status)      \
+  do {                                               \
+    if (!(cond)) {                                   \
       (ctx)->CtxFailure(__FILE__, __LINE__, status); \
-      return ret;                                 \
-    }                                             \
+      return ret;                                    \
+    }                                                \
   } while (0)
-
-// Default bytes for one tile's workspace. The GPU needs large tiles for efficient GEMMs; the CPU
-// does not, and TensorFlow's CPU allocator keeps freed blocks, so its budget stays small.
-constexpr int64_t kDefaultGpuMemoryBudget = 256LL << 20;
-constexpr int64_t kDefaultCpuMemoryBudget = 64LL << 20;
-
-ParallelFor cpu_parallel_for(OpKernelContext* ctx) {
-  auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-  return [workers](int64_t total, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) {
-    workers->ParallelFor(total, cost, fn);
-  };
-}
-
-void* gpu_stream(OpKernelContext* ctx) {
-#if TF_RNNT_WITH_CUDA
-  return ctx->op_device_context()->stream()->platform_specific_handle().stream;
-#else
-  (void)ctx;
-  return nullptr;
-#endif
-}
 
 ::tensorflow::Status to_tf_status(const Status& s, const char* op) {
   if (s.ok()) return ::tensorflow::Status();
@@ -83,23 +65,23 @@ DType core_dtype(DataType dt) {
 }
 
 // logit_lengths in [1, T], label_lengths in [0, U], both [B].
-bool validate_lengths(OpKernelContext* ctx, const Tensor& logit_lengths, const Tensor& label_lengths,
-                      int64_t B, int64_t T, int64_t U1) {
+bool validate_lengths(OpKernelContext* ctx, const Tensor& logit_lengths,
+                      const Tensor& label_lengths, int64_t B, int64_t T, int64_t U1) {
   TF_RNNT_REQUIRE(ctx, logit_lengths.dims() == 1 && logit_lengths.dim_size(0) == B, false,
-                     InvalidArgument("logit_lengths must have shape [", B, "] (the batch size), got ",
-                                     logit_lengths.shape().DebugString()));
+                  InvalidArgument("logit_lengths must have shape [", B, "] (the batch size), got ",
+                                  logit_lengths.shape().DebugString()));
   TF_RNNT_REQUIRE(ctx, label_lengths.dims() == 1 && label_lengths.dim_size(0) == B, false,
-                     InvalidArgument("label_lengths must have shape [", B, "] (the batch size), got ",
-                                     label_lengths.shape().DebugString()));
+                  InvalidArgument("label_lengths must have shape [", B, "] (the batch size), got ",
+                                  label_lengths.shape().DebugString()));
   const auto logit = logit_lengths.flat<int32_t>();
   const auto label = label_lengths.flat<int32_t>();
   for (int64_t b = 0; b < B; ++b) {
     TF_RNNT_REQUIRE(ctx, logit(b) >= 1 && logit(b) <= T, false,
-                       InvalidArgument("logit_lengths[", b, "] = ", logit(b), " must be in [1, ", T,
-                                       "] (T, the padded number of frames)"));
+                    InvalidArgument("logit_lengths[", b, "] = ", logit(b), " must be in [1, ", T,
+                                    "] (T, the padded number of frames)"));
     TF_RNNT_REQUIRE(ctx, label(b) >= 0 && label(b) <= U1 - 1, false,
-                       InvalidArgument("label_lengths[", b, "] = ", label(b), " must be in [0, ",
-                                       U1 - 1, "] (U, the padded number of labels)"));
+                    InvalidArgument("label_lengths[", b, "] = ", label(b), " must be in [0, ",
+                                    U1 - 1, "] (U, the padded number of labels)"));
   }
   return true;
 }
@@ -113,11 +95,11 @@ bool validate_labels(OpKernelContext* ctx, const Tensor& labels, const Tensor& l
     for (int64_t u = 0; u < len(b); ++u) {
       const int32_t y = lab(b, u);
       TF_RNNT_REQUIRE(ctx, y >= 0 && y < V, false,
-                         InvalidArgument("labels[", b, ", ", u, "] = ", y, " must be in [0, ", V,
-                                         ") (V, the vocabulary size)"));
+                      InvalidArgument("labels[", b, ", ", u, "] = ", y, " must be in [0, ", V,
+                                      ") (V, the vocabulary size)"));
       TF_RNNT_REQUIRE(ctx, y != blank, false,
-                         InvalidArgument("labels[", b, ", ", u, "] = ", y,
-                                         " is the blank index; labels must not contain blank"));
+                      InvalidArgument("labels[", b, ", ", u, "] = ", y,
+                                      " is the blank index; labels must not contain blank"));
     }
   }
   return true;
@@ -126,13 +108,106 @@ bool validate_labels(OpKernelContext* ctx, const Tensor& labels, const Tensor& l
 bool normalize_blank(OpKernelContext* ctx, int blank_attr, int64_t V, int* blank) {
   *blank = blank_attr < 0 ? static_cast<int>(blank_attr + V) : blank_attr;
   TF_RNNT_REQUIRE(ctx, *blank >= 0 && *blank < V, false,
-                     InvalidArgument("blank = ", blank_attr, " must be in [-", V, ", ", V,
-                                     ") (V, the vocabulary size)"));
+                  InvalidArgument("blank = ", blank_attr, " must be in [-", V, ", ", V,
+                                  ") (V, the vocabulary size)"));
   return true;
 }
 
+// ------------------------------------------------------------------ devices
+struct CpuDevice {};
+struct GpuDevice {};
+
+// The core's launchers for one device (the tensorflow custom-op functor pattern).
+template <typename Device>
+struct CoreFunctor;
+
+// CoreFunctor's methods: name(args...) calls the device's launcher name_<suffix>(args...), adding
+// `runner` (the thread pool or the stream) where the launcher runs work.
+#define TF_RNNT_CORE_LAUNCHERS(suffix, runner)                             \
+  template <typename... A>                                                 \
+  Status lattice_loss(A&&... a) const {                                    \
+    return lattice_loss_##suffix(std::forward<A>(a)..., runner);           \
+  }                                                                        \
+  template <typename... A>                                                 \
+  Status logits_to_lattice(A&&... a) const {                               \
+    return logits_to_lattice_##suffix(std::forward<A>(a)..., runner);      \
+  }                                                                        \
+  template <typename... A>                                                 \
+  Status logits_to_lattice_grad(A&&... a) const {                          \
+    return logits_to_lattice_grad_##suffix(std::forward<A>(a)..., runner); \
+  }                                                                        \
+  template <typename... A>                                                 \
+  Status joint_forward(A&&... a) const {                                   \
+    return joint_forward_##suffix(std::forward<A>(a)..., runner);          \
+  }                                                                        \
+  template <typename... A>                                                 \
+  Status joint_backward(A&&... a) const {                                  \
+    return joint_backward_##suffix(std::forward<A>(a)..., runner);         \
+  }                                                                        \
+  template <typename... A>                                                 \
+  static size_t joint_workspace_bytes(A&&... a) {                          \
+    return joint_workspace_bytes_##suffix(std::forward<A>(a)...);          \
+  }                                                                        \
+  template <typename... A>                                                 \
+  static JointSavedSizes joint_saved_sizes(A&&... a) {                     \
+    return joint_saved_sizes_##suffix(std::forward<A>(a)...);              \
+  }
+
+template <>
+struct CoreFunctor<CpuDevice> {
+  // Bytes for one tile's workspace by default: TensorFlow's CPU allocator keeps freed blocks, and
+  // large tiles buy nothing on the CPU.
+  static constexpr int64_t kDefaultMemoryBudget = 64LL << 20;
+
+  explicit CoreFunctor(OpKernelContext* ctx) {
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+    parallel_for = [workers](int64_t total, int64_t cost,
+                             const std::function<void(int64_t, int64_t)>& fn) {
+      workers->ParallelFor(total, cost, fn);
+    };
+  }
+
+  // The lengths the launchers read: the host copies.
+  static const int32_t* lengths(OpKernelContext* ctx, int /*device_input*/, int host_input) {
+    return ctx->input(host_input).flat<int32_t>().data();
+  }
+
+  TF_RNNT_CORE_LAUNCHERS(cpu, parallel_for)
+  Status copy(void* dst, const void* src, size_t bytes) const {
+    std::memcpy(dst, src, bytes);
+    return Status();
+  }
+
+  ParallelFor parallel_for;
+};
+
+#if TF_RNNT_WITH_CUDA
+template <>
+struct CoreFunctor<GpuDevice> {
+  // The GPU needs large tiles for efficient GEMMs.
+  static constexpr int64_t kDefaultMemoryBudget = 256LL << 20;
+
+  explicit CoreFunctor(OpKernelContext* ctx)
+      : stream(ctx->op_device_context()->stream()->platform_specific_handle().stream) {}
+
+  // The lengths the launchers read: the device copies (the host copies only plan and validate).
+  static const int32_t* lengths(OpKernelContext* ctx, int device_input, int /*host_input*/) {
+    return ctx->input(device_input).flat<int32_t>().data();
+  }
+
+  TF_RNNT_CORE_LAUNCHERS(cuda, stream)
+  Status copy(void* dst, const void* src, size_t bytes) const {
+    return copy_cuda(dst, src, bytes, stream);
+  }
+
+  GpuStream stream;
+};
+#endif
+
+void* mutable_data(Tensor* t) { return const_cast<char*>(t->tensor_data().data()); }
+
 // ------------------------------------------------------------------ lattice loss
-template <bool kGpu>
+template <typename Device>
 class LatticeLossOp : public OpKernel {
  public:
   explicit LatticeLossOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -141,35 +216,32 @@ class LatticeLossOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& lattice = ctx->input(0);
+    using namespace lattice_loss_in;  // NOLINT: the input names
+    const Tensor& lattice = ctx->input(kLattice);
     OP_REQUIRES(ctx, lattice.dims() == 4 && lattice.dim_size(3) == 2,
                 InvalidArgument("lattice must have shape [B, T, U+1, 2], got ",
                                 lattice.shape().DebugString()));
     const int64_t B = lattice.dim_size(0), T = lattice.dim_size(1), U1 = lattice.dim_size(2);
-    if (!validate_lengths(ctx, ctx->input(3), ctx->input(4), B, T, U1)) return;
+    if (!validate_lengths(ctx, ctx->input(kLogitLengthsHost), ctx->input(kLabelLengthsHost), B, T,
+                          U1)) {
+      return;
+    }
     Tensor* costs = nullptr;
     Tensor* grads = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({B}), &costs));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, lattice.shape(), &grads));
     if (B == 0) return;
     Tensor alphas, betas;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({B, T, U1}), &alphas));
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({B, T, U1}), &betas));
-    const int lengths_index = kGpu ? 1 : 3;  // device copies on the GPU, host copies on the CPU
-    const auto* logit_lengths = ctx->input(lengths_index).flat<int32_t>().data();
-    const auto* label_lengths = ctx->input(lengths_index + 1).flat<int32_t>().data();
-    Status s;
-    if (kGpu) {
-      s = lattice_loss_cuda(lattice.flat<float>().data(), logit_lengths, label_lengths, B, T, U1,
-                            options_, costs->flat<float>().data(), grads->flat<float>().data(),
-                            alphas.flat<float>().data(), betas.flat<float>().data(),
-                            gpu_stream(ctx));
-    } else {
-      s = lattice_loss_cpu(lattice.flat<float>().data(), logit_lengths, label_lengths, B, T, U1,
-                           options_, costs->flat<float>().data(), grads->flat<float>().data(),
-                           alphas.flat<float>().data(), betas.flat<float>().data(),
-                           cpu_parallel_for(ctx));
-    }
+    OP_REQUIRES_OK(ctx,
+                   ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({B, T, U1}), &alphas));
+    OP_REQUIRES_OK(ctx,
+                   ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({B, T, U1}), &betas));
+    const CoreFunctor<Device> core(ctx);
+    const Status s = core.lattice_loss(
+        lattice.flat<float>().data(), core.lengths(ctx, kLogitLengths, kLogitLengthsHost),
+        core.lengths(ctx, kLabelLengths, kLabelLengthsHost), B, T, U1, options_,
+        costs->flat<float>().data(), grads->flat<float>().data(), alphas.flat<float>().data(),
+        betas.flat<float>().data());
     OP_REQUIRES_OK(ctx, to_tf_status(s, "lattice_loss"));
   }
 
@@ -178,7 +250,7 @@ class LatticeLossOp : public OpKernel {
 };
 
 // ------------------------------------------------------------------ logits -> lattice
-template <bool kGpu>
+template <typename Device>
 class LogitsToLatticeOp : public OpKernel {
  public:
   explicit LogitsToLatticeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -187,8 +259,9 @@ class LogitsToLatticeOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& logits = ctx->input(0);
-    const Tensor& labels = ctx->input(1);
+    using namespace logits_to_lattice_in;  // NOLINT: the input names
+    const Tensor& logits = ctx->input(kLogits);
+    const Tensor& labels = ctx->input(kLabels);
     OP_REQUIRES(ctx, logits.dims() == 4,
                 InvalidArgument("logits must have shape [B, T, U+1, V], got ",
                                 logits.shape().DebugString()));
@@ -202,7 +275,7 @@ class LogitsToLatticeOp : public OpKernel {
     int blank;
     if (!normalize_blank(ctx, blank_attr_, V, &blank)) return;
     if (validate_) {
-      const Tensor& lengths = ctx->input(3);
+      const Tensor& lengths = ctx->input(kLabelLengthsHost);
       OP_REQUIRES(ctx, lengths.dims() == 1 && lengths.dim_size(0) == B,
                   InvalidArgument("label_lengths must have shape [", B, "], got ",
                                   lengths.shape().DebugString()));
@@ -212,24 +285,15 @@ class LogitsToLatticeOp : public OpKernel {
                     InvalidArgument("label_lengths[", b, "] = ", len(b), " must be in [0, ", U1 - 1,
                                     "] (U, the padded number of labels)"));
       }
-      if (!validate_labels(ctx, ctx->input(2), lengths, V, blank)) return;
+      if (!validate_labels(ctx, ctx->input(kLabelsHost), lengths, V, blank)) return;
     }
     Tensor* lattice = nullptr;
     Tensor* lse = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({B, T, U1, 2}), &lattice));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({B, T, U1}), &lse));
-    const DType dtype = core_dtype(logits.dtype());
-    const void* data = logits.tensor_data().data();
-    Status s;
-    if (kGpu) {
-      s = logits_to_lattice_cuda(data, dtype, labels.flat<int32_t>().data(), B, T, U1, V, blank,
-                                 lattice->flat<float>().data(), lse->flat<float>().data(),
-                                 gpu_stream(ctx));
-    } else {
-      s = logits_to_lattice_cpu(data, dtype, labels.flat<int32_t>().data(), B, T, U1, V, blank,
-                                lattice->flat<float>().data(), lse->flat<float>().data(),
-                                cpu_parallel_for(ctx));
-    }
+    const Status s = CoreFunctor<Device>(ctx).logits_to_lattice(
+        logits.tensor_data().data(), core_dtype(logits.dtype()), labels.flat<int32_t>().data(), B,
+        T, U1, V, blank, lattice->flat<float>().data(), lse->flat<float>().data());
     OP_REQUIRES_OK(ctx, to_tf_status(s, "logits_to_lattice"));
   }
 
@@ -238,7 +302,7 @@ class LogitsToLatticeOp : public OpKernel {
   bool validate_;
 };
 
-template <bool kGpu>
+template <typename Device>
 class LogitsToLatticeGradOp : public OpKernel {
  public:
   explicit LogitsToLatticeGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -246,33 +310,23 @@ class LogitsToLatticeGradOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& logits = ctx->input(0);
+    using namespace logits_to_lattice_grad_in;  // NOLINT: the input names
+    const Tensor& logits = ctx->input(kLogits);
     const int64_t B = logits.dim_size(0), T = logits.dim_size(1), U1 = logits.dim_size(2),
                   V = logits.dim_size(3);
     int blank;
     if (!normalize_blank(ctx, blank_attr_, V, &blank)) return;
-    OP_REQUIRES(ctx, ctx->input(3).NumElements() == B * T * U1 * 2,
+    OP_REQUIRES(ctx, ctx->input(kDLattice).NumElements() == B * T * U1 * 2,
                 InvalidArgument("d_lattice must have shape [B, T, U+1, 2]"));
     // d logits overwrites the logits' buffer when TensorFlow can forward it.
     Tensor* d_logits = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({0}, 0, logits.shape(), &d_logits));
-    const DType dtype = core_dtype(logits.dtype());
-    Status s;
-    if (kGpu) {
-      s = logits_to_lattice_grad_cuda(logits.tensor_data().data(), dtype,
-                                      ctx->input(1).flat<int32_t>().data(), B, T, U1, V, blank,
-                                      ctx->input(2).flat<float>().data(),
-                                      ctx->input(3).flat<float>().data(),
-                                      const_cast<char*>(d_logits->tensor_data().data()),
-                                      gpu_stream(ctx));
-    } else {
-      s = logits_to_lattice_grad_cpu(logits.tensor_data().data(), dtype,
-                                     ctx->input(1).flat<int32_t>().data(), B, T, U1, V, blank,
-                                     ctx->input(2).flat<float>().data(),
-                                     ctx->input(3).flat<float>().data(),
-                                     const_cast<char*>(d_logits->tensor_data().data()),
-                                     cpu_parallel_for(ctx));
-    }
+    OP_REQUIRES_OK(ctx,
+                   ctx->forward_input_or_allocate_output({kLogits}, 0, logits.shape(), &d_logits));
+    const Status s = CoreFunctor<Device>(ctx).logits_to_lattice_grad(
+        logits.tensor_data().data(), core_dtype(logits.dtype()),
+        ctx->input(kLabels).flat<int32_t>().data(), B, T, U1, V, blank,
+        ctx->input(kLse).flat<float>().data(), ctx->input(kDLattice).flat<float>().data(),
+        mutable_data(d_logits));
     OP_REQUIRES_OK(ctx, to_tf_status(s, "logits_to_lattice gradient"));
   }
 
@@ -283,7 +337,7 @@ class LogitsToLatticeGradOp : public OpKernel {
 // ------------------------------------------------------------------ fused joint
 struct JointAttrs {
   int blank_attr = 0;
-  int activation = kTanh;
+  Activation activation = Activation::kTanh;
   bool untiled = false;
   int64_t tile_nodes = 0;
   int64_t memory_budget = 0;
@@ -297,194 +351,169 @@ struct JointAttrs {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("tile_nodes", &tile_nodes));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("memory_budget", &memory_budget));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("allow_tf32", &allow_tf32));
-    activation = act == "relu" ? kRelu : act == "identity" ? kIdentity : kTanh;
+    activation = act == "relu"       ? Activation::kRelu
+                 : act == "identity" ? Activation::kIdentity
+                                     : Activation::kTanh;
   }
 };
 
-// Shapes, validation and the packed-node plan shared by the forward and backward kernels.
+// Shapes, validation, the packed-node plan and the workspace shared by the forward and backward
+// kernels.
+template <typename Device>
 struct JointPlan {
+  using Core = CoreFunctor<Device>;
   JointShape shape;
-  int64_t num_nodes = 0;
+  JointOptions options;
   std::vector<int64_t> host_offsets;
+  JointInputs in;  // in.host.tile_nodes is set by allocate_workspace
 
-  bool init(OpKernelContext* ctx, const JointAttrs& attrs, const Tensor& logit_lengths_host,
-            const Tensor& label_lengths_host) {
-    const Tensor& enc = ctx->input(0);
-    const Tensor& pred = ctx->input(1);
-    const Tensor& kernel = ctx->input(2);
-    const Tensor& bias = ctx->input(3);
-    const Tensor& labels = ctx->input(4);
-    TF_RNNT_REQUIRE(ctx, enc.dims() == 3, false,
-                       InvalidArgument("encoder must have shape [B, T, H], got ",
-                                       enc.shape().DebugString()));
+  // host_lengths: the input index of the host logit lengths (label lengths follow it).
+  bool init(OpKernelContext* ctx, const JointAttrs& attrs, int host_lengths) {
+    const Tensor& logit_lengths_host = ctx->input(host_lengths);
+    const Tensor& label_lengths_host = ctx->input(host_lengths + 1);
+    const Tensor& enc = ctx->input(joint_in::kEncoder);
+    const Tensor& pred = ctx->input(joint_in::kPredictor);
+    const Tensor& kernel = ctx->input(joint_in::kKernel);
+    const Tensor& bias = ctx->input(joint_in::kBias);
+    const Tensor& labels = ctx->input(joint_in::kLabels);
+    TF_RNNT_REQUIRE(
+        ctx, enc.dims() == 3, false,
+        InvalidArgument("encoder must have shape [B, T, H], got ", enc.shape().DebugString()));
     const int64_t B = enc.dim_size(0), T = enc.dim_size(1), H = enc.dim_size(2);
-    TF_RNNT_REQUIRE(ctx, pred.dims() == 3 && pred.dim_size(0) == B && pred.dim_size(2) == H,
-                       false,
-                       InvalidArgument("predictor must have shape [", B, ", U+1, ", H,
-                                       "] (batch and H of encoder ", enc.shape().DebugString(),
-                                       "), got ", pred.shape().DebugString()));
+    TF_RNNT_REQUIRE(ctx, pred.dims() == 3 && pred.dim_size(0) == B && pred.dim_size(2) == H, false,
+                    InvalidArgument("predictor must have shape [", B, ", U+1, ", H,
+                                    "] (batch and H of encoder ", enc.shape().DebugString(),
+                                    "), got ", pred.shape().DebugString()));
     const int64_t U1 = pred.dim_size(1);
     TF_RNNT_REQUIRE(ctx, U1 >= 1, false, InvalidArgument("predictor must have U+1 >= 1 steps"));
-    TF_RNNT_REQUIRE(ctx, kernel.dims() == 2 && kernel.dim_size(0) == H, false,
-                       InvalidArgument("kernel must have shape [", H, ", V] (H of encoder ",
-                                       enc.shape().DebugString(), "), got ",
-                                       kernel.shape().DebugString()));
+    TF_RNNT_REQUIRE(
+        ctx, kernel.dims() == 2 && kernel.dim_size(0) == H, false,
+        InvalidArgument("kernel must have shape [", H, ", V] (H of encoder ",
+                        enc.shape().DebugString(), "), got ", kernel.shape().DebugString()));
     const int64_t V = kernel.dim_size(1);
     TF_RNNT_REQUIRE(ctx, V >= 1, false, InvalidArgument("kernel must have V >= 1 columns"));
-    TF_RNNT_REQUIRE(ctx, bias.dims() == 1 && bias.dim_size(0) == V, false,
-                       InvalidArgument("bias must have shape [", V, "] (V of kernel ",
-                                       kernel.shape().DebugString(), "), got ",
-                                       bias.shape().DebugString()));
-    TF_RNNT_REQUIRE(ctx, labels.dims() == 2 && labels.dim_size(0) == B && labels.dim_size(1) == U1 - 1,
-                       false,
-                       InvalidArgument("labels must have shape [", B, ", ", U1 - 1,
-                                       "] ([B, U] for predictor ", pred.shape().DebugString(),
-                                       "), got ", labels.shape().DebugString()));
+    TF_RNNT_REQUIRE(
+        ctx, bias.dims() == 1 && bias.dim_size(0) == V, false,
+        InvalidArgument("bias must have shape [", V, "] (V of kernel ",
+                        kernel.shape().DebugString(), "), got ", bias.shape().DebugString()));
+    TF_RNNT_REQUIRE(
+        ctx, labels.dims() == 2 && labels.dim_size(0) == B && labels.dim_size(1) == U1 - 1, false,
+        InvalidArgument("labels must have shape [", B, ", ", U1 - 1, "] ([B, U] for predictor ",
+                        pred.shape().DebugString(), "), got ", labels.shape().DebugString()));
     if (!validate_lengths(ctx, logit_lengths_host, label_lengths_host, B, T, U1)) return false;
     shape.B = static_cast<int>(B);
     shape.T = static_cast<int>(T);
     shape.U1 = static_cast<int>(U1);
     shape.H = static_cast<int>(H);
     shape.V = static_cast<int>(V);
-    if (!normalize_blank(ctx, attrs.blank_attr, V, &shape.blank)) return false;
-    shape.activation = attrs.activation;
-    shape.dtype = core_dtype(enc.dtype());
-    shape.allow_tf32 = attrs.allow_tf32;
+    if (!normalize_blank(ctx, attrs.blank_attr, V, &options.blank)) return false;
+    options.activation = attrs.activation;
+    options.dtype = core_dtype(enc.dtype());
+    options.allow_tf32 = attrs.allow_tf32;
     host_offsets.resize(B + 1);
-    joint_node_offsets(logit_lengths_host.flat<int32_t>().data(),
-                       label_lengths_host.flat<int32_t>().data(), shape.B, host_offsets.data());
-    num_nodes = host_offsets[B];
+    in.host.logit_lengths = logit_lengths_host.flat<int32_t>().data();
+    in.host.label_lengths = label_lengths_host.flat<int32_t>().data();
+    joint_node_offsets(in.host.logit_lengths, in.host.label_lengths, shape.B, host_offsets.data());
+    in.host.node_offsets = host_offsets.data();
+    in.host.num_nodes = host_offsets[B];
+    in.encoder = enc.tensor_data().data();
+    in.predictor = pred.tensor_data().data();
+    in.kernel = kernel.tensor_data().data();
+    in.bias = bias.tensor_data().data();
+    in.labels = labels.flat<int32_t>().data();
+    in.logit_lengths = Core::lengths(ctx, joint_in::kLogitLengths, host_lengths);
+    in.label_lengths = Core::lengths(ctx, joint_in::kLabelLengths, host_lengths + 1);
     return true;
   }
 
-  // Tile size: the attribute, else as many nodes as fit memory_budget (default 256 MiB).
-  int64_t tile_nodes(const JointAttrs& attrs, bool gpu) const {
-    if (attrs.untiled || num_nodes == 0) return std::max<int64_t>(num_nodes, 1);
-    if (attrs.tile_nodes > 0) return std::min(attrs.tile_nodes, num_nodes);
-    const int64_t budget = attrs.memory_budget > 0 ? attrs.memory_budget
-                           : gpu                   ? kDefaultGpuMemoryBudget
-                                                   : kDefaultCpuMemoryBudget;
+  int64_t num_nodes() const { return in.host.num_nodes; }
+
+  // Tile size: the attribute, else as many nodes as fit memory_budget.
+  int64_t tile_nodes(const JointAttrs& attrs) const {
+    const int64_t n = num_nodes();
+    if (attrs.untiled || n == 0) return std::max<int64_t>(n, 1);
+    if (attrs.tile_nodes > 0) return std::min(attrs.tile_nodes, n);
+    const int64_t budget =
+        attrs.memory_budget > 0 ? attrs.memory_budget : Core::kDefaultMemoryBudget;
     // Marginal bytes per node (the workspace also holds tile-independent buffers).
     auto bytes = [&](int64_t nodes) {
-      return static_cast<int64_t>(gpu ? joint_workspace_bytes_cuda(shape, nodes, true, false)
-                                      : joint_workspace_bytes_cpu(shape, nodes, true, false));
+      return static_cast<int64_t>(Core::joint_workspace_bytes(shape, options, nodes, true, false));
     };
     const int64_t per_node = (bytes(2048) - bytes(1024)) / 1024;
-    return std::max<int64_t>(1, std::min(num_nodes, budget / std::max<int64_t>(per_node, 1)));
+    return std::max<int64_t>(1, std::min(n, budget / std::max<int64_t>(per_node, 1)));
   }
 
-  // Allocates the workspace, halving the tile while the allocation fails.
-  bool allocate_workspace(OpKernelContext* ctx, const JointAttrs& attrs, bool gpu, bool backward,
-                          int64_t* tile, Tensor* workspace) const {
+  // Allocates the workspace, halving the tile while the allocation fails; sets in.host.tile_nodes.
+  bool allocate_workspace(OpKernelContext* ctx, const JointAttrs& attrs, bool backward,
+                          Tensor* workspace) {
+    int64_t tile = tile_nodes(attrs);
     for (;;) {
-      const size_t bytes = gpu ? joint_workspace_bytes_cuda(shape, *tile, backward, attrs.untiled)
-                               : joint_workspace_bytes_cpu(shape, *tile, backward, attrs.untiled);
+      const size_t bytes =
+          Core::joint_workspace_bytes(shape, options, tile, backward, attrs.untiled);
       // No retry: a failed allocation makes us halve the tile instead of waiting.
       ::tensorflow::AllocationAttributes no_retry(false, true, nullptr);
       const auto status = ctx->allocate_temp(
           ::tensorflow::DT_INT8, TensorShape({static_cast<int64_t>(std::max<size_t>(bytes, 1))}),
           workspace, AllocatorAttributes(), no_retry);
-      if (status.ok()) return true;
-      TF_RNNT_REQUIRE(ctx, !attrs.untiled && *tile > 1024, false,
-                         ResourceExhausted(
-                             "tf_rnnt.joint_lattice could not allocate its ", bytes,
-                             "-byte workspace (", *tile, " lattice nodes per tile",
-                             attrs.untiled ? ", untiled mode" : "",
-                             "). Use mode='tiled' with a smaller tile_size or memory_budget, or a "
-                             "smaller batch."));
-      *tile /= 2;
+      if (status.ok()) break;
+      TF_RNNT_REQUIRE(ctx, !attrs.untiled && tile > 1024, false,
+                      ResourceExhausted("tf_rnnt.joint_lattice could not allocate its ", bytes,
+                                        "-byte workspace (", tile, " lattice nodes per tile",
+                                        attrs.untiled ? ", untiled mode" : "",
+                                        "). Use mode='tiled' with a smaller tile_size or "
+                                        "memory_budget, or a smaller batch."));
+      tile /= 2;
     }
+    in.host.tile_nodes = tile;
+    return true;
   }
 };
 
-Status offsets_on_device(OpKernelContext* ctx, const JointPlan& plan, bool gpu, int lengths_index,
-                         Tensor* offsets_tensor, const int64_t** offsets) {
-  if (!gpu) {
-    *offsets = plan.host_offsets.data();
-    return Status();
-  }
-  Status s;
-  auto st = ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({plan.shape.B + 1}),
-                               offsets_tensor);
-  if (!st.ok()) {
-    s.code = StatusCode::kCudaError;
-    s.message = "could not allocate node offsets";
-    return s;
-  }
-  s = joint_node_offsets_cuda(ctx->input(lengths_index).flat<int32_t>().data(),
-                              ctx->input(lengths_index + 1).flat<int32_t>().data(), plan.shape.B,
-                              offsets_tensor->flat<int64_t>().data(), gpu_stream(ctx));
-  *offsets = offsets_tensor->flat<int64_t>().data();
-  return s;
-}
-
-// Workspace, packed offsets and the inputs both passes share; false (with the context's status
-// set) on failure. host_lengths_index: the lengths' host copies (used by the CPU kernels).
-template <typename Args>
-bool prepare_joint_args(OpKernelContext* ctx, const JointPlan& plan, const JointAttrs& attrs,
-                        bool gpu, bool backward, int host_lengths_index, Tensor* workspace,
-                        Tensor* offsets, Args* a) {
-  int64_t tile = plan.tile_nodes(attrs, gpu);
-  if (!plan.allocate_workspace(ctx, attrs, gpu, backward, &tile, workspace)) return false;
-  const Status s = offsets_on_device(ctx, plan, gpu, 5, offsets, &a->node_offsets);
-  TF_RNNT_REQUIRE(ctx, s.ok(), false, to_tf_status(s, "joint_lattice"));
-  const int lengths_index = gpu ? 5 : host_lengths_index;
-  a->logit_lengths = ctx->input(lengths_index).flat<int32_t>().data();
-  a->label_lengths = ctx->input(lengths_index + 1).flat<int32_t>().data();
-  a->encoder = ctx->input(0).tensor_data().data();
-  a->predictor = ctx->input(1).tensor_data().data();
-  a->kernel = ctx->input(2).tensor_data().data();
-  a->bias = ctx->input(3).tensor_data().data();
-  a->labels = ctx->input(4).flat<int32_t>().data();
-  a->host_node_offsets = plan.host_offsets.data();
-  a->host_logit_lengths = ctx->input(host_lengths_index).flat<int32_t>().data();
-  a->host_label_lengths = ctx->input(host_lengths_index + 1).flat<int32_t>().data();
-  a->num_nodes = plan.num_nodes;
-  a->tile_nodes = tile;
-  a->workspace = const_cast<char*>(workspace->tensor_data().data());
-  return true;
-}
-
-template <bool kGpu>
+template <typename Device>
 class JointLatticeOp : public OpKernel {
  public:
   explicit JointLatticeOp(OpKernelConstruction* ctx) : OpKernel(ctx), attrs_(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    JointPlan plan;
-    if (!plan.init(ctx, attrs_, ctx->input(8), ctx->input(9))) return;
+    using namespace joint_in;  // NOLINT: the input names
+    JointPlan<Device> plan;
+    if (!plan.init(ctx, attrs_, kLogitLengthsHost)) return;
     const JointShape& s = plan.shape;
-    if (!validate_labels(ctx, ctx->input(7), ctx->input(9), s.V, s.blank)) return;
+    if (!validate_labels(ctx, ctx->input(kLabelsHost), ctx->input(kLabelLengthsHost), s.V,
+                         plan.options.blank)) {
+      return;
+    }
     Tensor* lattice = nullptr;
     Tensor* lse = nullptr;
-    Tensor* saved_hidden = nullptr;
-    Tensor* saved_logits = nullptr;
-    const int64_t N = plan.num_nodes;
-    const int64_t kept = attrs_.untiled ? N : 0;
+    Tensor* saved[2] = {nullptr, nullptr};
+    const int64_t N = plan.num_nodes();
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({s.B, s.T, s.U1, 2}), &lattice));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({N}), &lse));
-    // Untiled mode keeps [N, H] joint values and [N, V] logits: say what to change if they don't fit.
-    for (int i : {2, 3}) {
-      const int64_t width = i == 2 ? joint_hidden_width(s, kGpu) : joint_logits_width(s, kGpu);
-      const auto st = ctx->allocate_output(i, TensorShape({kept, width}),
-                                           i == 2 ? &saved_hidden : &saved_logits);
+    // Untiled mode keeps the joint values and logits of all N nodes: say what to change if they
+    // don't fit. Tiled mode keeps nothing.
+    const JointSavedSizes kept = CoreFunctor<Device>::joint_saved_sizes(s, attrs_.untiled ? N : 0);
+    for (int i : {0, 1}) {
+      const int64_t elements = i == 0 ? kept.hidden : kept.logits;
+      const auto st = ctx->allocate_output(2 + i, TensorShape({elements}), &saved[i]);
       OP_REQUIRES(ctx, st.ok(),
                   ResourceExhausted("tf_rnnt.joint_lattice (mode='untiled') could not keep the ",
-                                    kept, " x ", width, (i == 2 ? " joint values" : " logits"),
-                                    " of its ", kept, " lattice nodes. Use mode='tiled' (with "
-                                    "tile_size or memory_budget), or a smaller batch. (",
+                                    (i == 0 ? "joint values" : "logits"), " of its ", N,
+                                    " lattice nodes (", elements,
+                                    " elements). Use mode='tiled' "
+                                    "(with tile_size or memory_budget), or a smaller batch. (",
                                     st.message(), ")"));
     }
     if (s.B == 0) return;
-    Tensor workspace, offsets;
+    Tensor workspace;
+    if (!plan.allocate_workspace(ctx, attrs_, false, &workspace)) return;
     JointForwardArgs a;
-    if (!prepare_joint_args(ctx, plan, attrs_, kGpu, false, 8, &workspace, &offsets, &a)) return;
+    a.in = plan.in;
+    a.workspace = mutable_data(&workspace);
     a.lattice = lattice->flat<float>().data();
     a.lse = lse->flat<float>().data();
-    a.saved_hidden = attrs_.untiled ? const_cast<char*>(saved_hidden->tensor_data().data()) : nullptr;
-    a.saved_logits = attrs_.untiled ? saved_logits->flat<float>().data() : nullptr;
-    const Status st = kGpu ? joint_forward_cuda(s, a, gpu_stream(ctx))
-                           : joint_forward_cpu(s, a, cpu_parallel_for(ctx));
+    a.saved_hidden = attrs_.untiled ? mutable_data(saved[0]) : nullptr;
+    a.saved_logits = attrs_.untiled ? saved[1]->flat<float>().data() : nullptr;
+    const Status st = CoreFunctor<Device>(ctx).joint_forward(s, plan.options, a);
     OP_REQUIRES_OK(ctx, to_tf_status(st, "joint_lattice"));
   }
 
@@ -492,92 +521,60 @@ class JointLatticeOp : public OpKernel {
   JointAttrs attrs_;
 };
 
-template <bool kGpu>
+template <typename Device>
 class JointLatticeGradOp : public OpKernel {
  public:
   explicit JointLatticeGradOp(OpKernelConstruction* ctx) : OpKernel(ctx), attrs_(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    JointPlan plan;
-    if (!plan.init(ctx, attrs_, ctx->input(7), ctx->input(8))) return;
-    const JointShape& s = plan.shape;
-    const int64_t N = plan.num_nodes;
-    Tensor* outputs[4];
+    using namespace joint_grad_in;  // NOLINT: the input names
+    JointPlan<Device> plan;
+    if (!plan.init(ctx, attrs_, kLogitLengthsHost)) return;
+    const int64_t N = plan.num_nodes();
+    const CoreFunctor<Device> core(ctx);
+    Tensor* grads[4];
     for (int i = 0; i < 4; ++i) {
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, ctx->input(i).shape(), &outputs[i]));
-    }
-    // float32 accumulators: the outputs themselves for float32 inputs.
-    const bool float_io = s.dtype == DType::kFloat32;
-    Tensor acc[4];
-    float* acc_ptr[4];
-    for (int i = 0; i < 4; ++i) {
-      if (float_io) {
-        acc_ptr[i] = outputs[i]->flat<float>().data();
-      } else {
-        OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, ctx->input(i).shape(), &acc[i]));
-        acc_ptr[i] = acc[i].flat<float>().data();
-      }
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, ctx->input(i).shape(), &grads[i]));
     }
     // An empty batch still runs the launcher, which zeroes d kernel and d bias.
-    OP_REQUIRES(ctx, ctx->input(9).NumElements() == N,
+    OP_REQUIRES(ctx, ctx->input(kLse).NumElements() == N,
                 InvalidArgument("lse must have ", N, " elements"));
     Tensor saved_logits;
-    float* saved_logits_ptr = nullptr;
     if (attrs_.untiled) {
       // d logits overwrites the kept logits when TensorFlow can forward that buffer.
-      const Tensor& kept = ctx->input(12);
-      const int64_t width = joint_logits_width(s, kGpu);
-      OP_REQUIRES(ctx, kept.NumElements() == N * width,
-                  InvalidArgument("saved_logits must have shape [", N, ", ", width, "]"));
+      const Tensor& kept = ctx->input(kSavedLogits);
+      const JointSavedSizes sizes = core.joint_saved_sizes(plan.shape, N);
+      OP_REQUIRES(ctx, kept.NumElements() == sizes.logits,
+                  InvalidArgument("saved_logits must have ", sizes.logits, " elements"));
       std::unique_ptr<Tensor> forwarded = ctx->forward_input(
-          12, OpKernelContext::Params::kNoReservation, ::tensorflow::DT_FLOAT, kept.shape(),
-          ::tensorflow::DEVICE_MEMORY, AllocatorAttributes());
+          kSavedLogits, OpKernelContext::Params::kNoReservation, ::tensorflow::DT_FLOAT,
+          kept.shape(), ::tensorflow::DEVICE_MEMORY, AllocatorAttributes());
       if (forwarded) {
         saved_logits = *forwarded;
       } else {
         // Shared buffer (for example a persistent tape): overwrite a private copy instead.
-        OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, kept.shape(), &saved_logits));
-        const size_t bytes = kept.TotalBytes();
-        if (kGpu) {
-          OP_REQUIRES_OK(ctx, to_tf_status(copy_cuda(saved_logits.flat<float>().data(),
-                                                     kept.flat<float>().data(), bytes,
-                                                     gpu_stream(ctx)),
-                                           "joint_lattice gradient"));
-        } else {
-          std::memcpy(saved_logits.flat<float>().data(), kept.flat<float>().data(), bytes);
-        }
+        OP_REQUIRES_OK(ctx,
+                       ctx->allocate_temp(::tensorflow::DT_FLOAT, kept.shape(), &saved_logits));
+        OP_REQUIRES_OK(ctx, to_tf_status(core.copy(mutable_data(&saved_logits),
+                                                   kept.tensor_data().data(), kept.TotalBytes()),
+                                         "joint_lattice gradient"));
       }
-      saved_logits_ptr = saved_logits.flat<float>().data();
     }
-    Tensor workspace, offsets;
+    Tensor workspace;
+    if (!plan.allocate_workspace(ctx, attrs_, true, &workspace)) return;
     JointBackwardArgs a;
-    if (!prepare_joint_args(ctx, plan, attrs_, kGpu, true, 7, &workspace, &offsets, &a)) return;
-    a.lse = ctx->input(9).flat<float>().data();
-    a.d_lattice = ctx->input(10).flat<float>().data();
-    a.saved_hidden = attrs_.untiled ? ctx->input(11).tensor_data().data() : nullptr;
-    a.saved_logits = saved_logits_ptr;
-    a.d_encoder = acc_ptr[0];
-    a.d_predictor = acc_ptr[1];
-    a.d_kernel = acc_ptr[2];
-    a.d_bias = acc_ptr[3];
-    Status st = kGpu ? joint_backward_cuda(s, a, gpu_stream(ctx))
-                     : joint_backward_cpu(s, a, cpu_parallel_for(ctx));
-    OP_REQUIRES_OK(ctx, to_tf_status(st, "joint_lattice gradient"));
-    if (float_io) return;
-    for (int i = 0; i < 4; ++i) {
-      const int64_t n = outputs[i]->NumElements();
-      void* out = const_cast<char*>(outputs[i]->tensor_data().data());
-      if (kGpu) {
-        st = cast_float_cuda(acc_ptr[i], out, s.dtype, n, gpu_stream(ctx));
-        OP_REQUIRES_OK(ctx, to_tf_status(st, "joint_lattice gradient"));
-      } else {
-        auto* bits = static_cast<uint16_t*>(out);
-        const bool half = s.dtype == DType::kFloat16;
-        for (int64_t j = 0; j < n; ++j) {
-          bits[j] = half ? float_to_half_bits(acc_ptr[i][j]) : float_to_bf16_bits(acc_ptr[i][j]);
-        }
-      }
-    }
+    a.in = plan.in;
+    a.workspace = mutable_data(&workspace);
+    a.lse = ctx->input(kLse).flat<float>().data();
+    a.d_lattice = ctx->input(kDLattice).flat<float>().data();
+    a.saved_hidden = attrs_.untiled ? ctx->input(kSavedHidden).tensor_data().data() : nullptr;
+    a.saved_logits = attrs_.untiled ? saved_logits.flat<float>().data() : nullptr;
+    a.d_encoder = mutable_data(grads[0]);
+    a.d_predictor = mutable_data(grads[1]);
+    a.d_kernel = mutable_data(grads[2]);
+    a.d_bias = mutable_data(grads[3]);
+    OP_REQUIRES_OK(ctx, to_tf_status(core.joint_backward(plan.shape, plan.options, a),
+                                     "joint_lattice gradient"));
   }
 
  private:
@@ -586,19 +583,21 @@ class JointLatticeGradOp : public OpKernel {
 
 }  // namespace
 
-#define REGISTER_FLOAT_KERNELS(NAME, OP, DEVICE, GPU, ...)                                 \
+#define REGISTER_FLOAT_KERNELS(NAME, OP, DEVICE, DEVICE_TYPE, ...)                              \
   REGISTER_KERNEL_BUILDER(Name(NAME).Device(DEVICE).TypeConstraint<float>("dtype") __VA_ARGS__, \
-                          OP<GPU>);                                                        \
-  REGISTER_KERNEL_BUILDER(                                                                 \
-      Name(NAME).Device(DEVICE).TypeConstraint<::Eigen::half>("dtype") __VA_ARGS__, OP<GPU>); \
-  REGISTER_KERNEL_BUILDER(                                                                 \
-      Name(NAME).Device(DEVICE).TypeConstraint<::tensorflow::bfloat16>("dtype") __VA_ARGS__, OP<GPU>);
+                          OP<DEVICE_TYPE>);                                                     \
+  REGISTER_KERNEL_BUILDER(                                                                      \
+      Name(NAME).Device(DEVICE).TypeConstraint<::Eigen::half>("dtype") __VA_ARGS__,             \
+      OP<DEVICE_TYPE>);                                                                         \
+  REGISTER_KERNEL_BUILDER(                                                                      \
+      Name(NAME).Device(DEVICE).TypeConstraint<::tensorflow::bfloat16>("dtype") __VA_ARGS__,    \
+      OP<DEVICE_TYPE>);
 
-REGISTER_KERNEL_BUILDER(Name("TfRnntLatticeLoss").Device(DEVICE_CPU), LatticeLossOp<false>);
-REGISTER_FLOAT_KERNELS("TfRnntLogitsToLattice", LogitsToLatticeOp, DEVICE_CPU, false)
-REGISTER_FLOAT_KERNELS("TfRnntLogitsToLatticeGrad", LogitsToLatticeGradOp, DEVICE_CPU, false)
-REGISTER_FLOAT_KERNELS("TfRnntJointLattice", JointLatticeOp, DEVICE_CPU, false)
-REGISTER_FLOAT_KERNELS("TfRnntJointLatticeGrad", JointLatticeGradOp, DEVICE_CPU, false)
+REGISTER_KERNEL_BUILDER(Name("TfRnntLatticeLoss").Device(DEVICE_CPU), LatticeLossOp<CpuDevice>);
+REGISTER_FLOAT_KERNELS("TfRnntLogitsToLattice", LogitsToLatticeOp, DEVICE_CPU, CpuDevice)
+REGISTER_FLOAT_KERNELS("TfRnntLogitsToLatticeGrad", LogitsToLatticeGradOp, DEVICE_CPU, CpuDevice)
+REGISTER_FLOAT_KERNELS("TfRnntJointLattice", JointLatticeOp, DEVICE_CPU, CpuDevice)
+REGISTER_FLOAT_KERNELS("TfRnntJointLatticeGrad", JointLatticeGradOp, DEVICE_CPU, CpuDevice)
 
 #if TF_RNNT_WITH_CUDA
 using ::tensorflow::DEVICE_GPU;
@@ -606,15 +605,14 @@ REGISTER_KERNEL_BUILDER(Name("TfRnntLatticeLoss")
                             .Device(DEVICE_GPU)
                             .HostMemory("logit_lengths_host")
                             .HostMemory("label_lengths_host"),
-                        LatticeLossOp<true>);
-REGISTER_FLOAT_KERNELS("TfRnntLogitsToLattice", LogitsToLatticeOp, DEVICE_GPU, true,
+                        LatticeLossOp<GpuDevice>);
+REGISTER_FLOAT_KERNELS("TfRnntLogitsToLattice", LogitsToLatticeOp, DEVICE_GPU, GpuDevice,
                        .HostMemory("labels_host").HostMemory("label_lengths_host"))
-REGISTER_FLOAT_KERNELS("TfRnntLogitsToLatticeGrad", LogitsToLatticeGradOp, DEVICE_GPU, true)
-REGISTER_FLOAT_KERNELS("TfRnntJointLattice", JointLatticeOp, DEVICE_GPU, true,
-                       .HostMemory("labels_host")
-                           .HostMemory("logit_lengths_host")
-                           .HostMemory("label_lengths_host"))
-REGISTER_FLOAT_KERNELS("TfRnntJointLatticeGrad", JointLatticeGradOp, DEVICE_GPU, true,
+REGISTER_FLOAT_KERNELS("TfRnntLogitsToLatticeGrad", LogitsToLatticeGradOp, DEVICE_GPU, GpuDevice)
+REGISTER_FLOAT_KERNELS(
+    "TfRnntJointLattice", JointLatticeOp, DEVICE_GPU, GpuDevice,
+    .HostMemory("labels_host").HostMemory("logit_lengths_host").HostMemory("label_lengths_host"))
+REGISTER_FLOAT_KERNELS("TfRnntJointLatticeGrad", JointLatticeGradOp, DEVICE_GPU, GpuDevice,
                        .HostMemory("logit_lengths_host").HostMemory("label_lengths_host"))
 #endif
 

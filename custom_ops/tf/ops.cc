@@ -4,6 +4,8 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
+#include "op_inputs.h"
+
 namespace tf_rnnt {
 
 using ::tensorflow::Status;
@@ -40,12 +42,15 @@ REGISTER_OP("TfRnntLatticeLoss")
     .Output("costs: float")
     .Output("grads: float")
     .SetShapeFn([](InferenceContext* c) {
+      using namespace lattice_loss_in;  // NOLINT: the input names
       DimensionHandle batch;
-      TF_RETURN_IF_ERROR(batch_dim(c, 0, 4, {1, 2, 3, 4}, &batch));
+      TF_RETURN_IF_ERROR(
+          batch_dim(c, kLattice, 4,
+                    {kLogitLengths, kLabelLengths, kLogitLengthsHost, kLabelLengthsHost}, &batch));
       ShapeHandle lattice;
       DimensionHandle two;
-      TF_RETURN_IF_ERROR(c->WithValue(c->Dim(c->input(0), 3), 2, &two));
-      TF_RETURN_IF_ERROR(c->ReplaceDim(c->input(0), 0, batch, &lattice));
+      TF_RETURN_IF_ERROR(c->WithValue(c->Dim(c->input(kLattice), 3), 2, &two));
+      TF_RETURN_IF_ERROR(c->ReplaceDim(c->input(kLattice), 0, batch, &lattice));
       c->set_output(0, c->Vector(batch));
       c->set_output(1, lattice);
       return Status();
@@ -63,9 +68,10 @@ REGISTER_OP("TfRnntLogitsToLattice")
     .Output("lattice: float")
     .Output("lse: float")
     .SetShapeFn([](InferenceContext* c) {
+      using namespace logits_to_lattice_in;  // NOLINT: the input names
       ShapeHandle logits, labels;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 4, &logits));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &labels));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(kLogits), 4, &logits));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(kLabels), 2, &labels));
       DimensionHandle batch;
       TF_RETURN_IF_ERROR(c->Merge(c->Dim(logits, 0), c->Dim(labels, 0), &batch));
       DimensionHandle u1;
@@ -86,17 +92,17 @@ REGISTER_OP("TfRnntLogitsToLatticeGrad")
     .Attr("blank: int")
     .Output("d_logits: dtype")
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->input(0));
+      c->set_output(0, c->input(logits_to_lattice_grad_in::kLogits));
       return Status();
     });
 
-#define TF_RNNT_JOINT_ATTRS                                    \
-  Attr("dtype: {float, half, bfloat16}")                      \
-      .Attr("blank: int")                                     \
-      .Attr("activation: {'tanh', 'relu', 'identity'}")       \
-      .Attr("untiled: bool = false")                          \
-      .Attr("tile_nodes: int = 0")                            \
-      .Attr("memory_budget: int = 0")                         \
+#define TF_RNNT_JOINT_ATTRS                             \
+  Attr("dtype: {float, half, bfloat16}")                \
+      .Attr("blank: int")                               \
+      .Attr("activation: {'tanh', 'relu', 'identity'}") \
+      .Attr("untiled: bool = false")                    \
+      .Attr("tile_nodes: int = 0")                      \
+      .Attr("memory_budget: int = 0")                   \
       .Attr("allow_tf32: bool = true")
 
 REGISTER_OP("TfRnntJointLattice")
@@ -116,14 +122,15 @@ REGISTER_OP("TfRnntJointLattice")
     .Output("saved_hidden: dtype")
     .Output("saved_logits: float")
     .SetShapeFn([](InferenceContext* c) {
+      using namespace joint_in;  // NOLINT: the input names
       ShapeHandle enc, pred, kernel, bias, labels;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &enc));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 3, &pred));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, &kernel));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &bias));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 2, &labels));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(kEncoder), 3, &enc));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(kPredictor), 3, &pred));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(kKernel), 2, &kernel));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(kBias), 1, &bias));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(kLabels), 2, &labels));
       DimensionHandle batch, hidden, vocab, u1;
-      TF_RETURN_IF_ERROR(batch_dim(c, 0, 3, {5, 6}, &batch));
+      TF_RETURN_IF_ERROR(batch_dim(c, kEncoder, 3, {kLogitLengths, kLabelLengths}, &batch));
       TF_RETURN_IF_ERROR(c->Merge(batch, c->Dim(pred, 0), &batch));
       TF_RETURN_IF_ERROR(c->Merge(batch, c->Dim(labels, 0), &batch));
       TF_RETURN_IF_ERROR(c->Merge(c->Dim(enc, 2), c->Dim(pred, 2), &hidden));
@@ -132,9 +139,9 @@ REGISTER_OP("TfRnntJointLattice")
       TF_RETURN_IF_ERROR(c->Add(c->Dim(labels, 1), 1, &u1));
       TF_RETURN_IF_ERROR(c->Merge(u1, c->Dim(pred, 1), &u1));
       c->set_output(0, c->MakeShape({batch, c->Dim(enc, 1), u1, c->MakeDim(2)}));
-      c->set_output(1, c->Vector(c->UnknownDim()));
-      c->set_output(2, c->UnknownShapeOfRank(2));
-      c->set_output(3, c->UnknownShapeOfRank(2));
+      // lse [N] of the N valid nodes; saved_hidden / saved_logits: what untiled mode keeps for
+      // the gradient, in a layout of the device's choosing (empty in tiled mode).
+      for (int i = 1; i < 4; ++i) c->set_output(i, c->Vector(c->UnknownDim()));
       return Status();
     })
     .Doc("Fused joint + output layer + log-softmax picks, tile by tile (Flash RNN-T).");
@@ -159,7 +166,8 @@ REGISTER_OP("TfRnntJointLatticeGrad")
     .Output("d_kernel: dtype")
     .Output("d_bias: dtype")
     .SetShapeFn([](InferenceContext* c) {
-      for (int i = 0; i < 4; ++i) c->set_output(i, c->input(i));
+      // d encoder, d predictor, d kernel, d bias: shaped as the first four inputs.
+      for (int i = joint_in::kEncoder; i <= joint_in::kBias; ++i) c->set_output(i, c->input(i));
       return Status();
     });
 

@@ -1,4 +1,4 @@
-"""GPU robustness checks (issue 7) for the H200; a standalone script, no pytest.
+"""GPU robustness checks; a standalone script, no pytest (tests/gpu/run.sh robustness).
 
   python tests/gpu/robustness_gpu.py            # every check
   python tests/gpu/robustness_gpu.py long oom   # some of them
@@ -8,13 +8,15 @@ Checks (one PASS/FAIL line each, exit status 1 if any failed, 2 without a GPU):
   long         T=2000, U=500 (V=64, H=64, B=2, ragged): flash_rnnt_loss tiled/untiled and
                rnnt_loss on the GPU: costs and gradients finite and equal to the CPU op's.
   logits_1e4   logits of magnitude 1e4 in float16/bfloat16 (rnnt_loss against the float64
-               oracle; flash_rnnt_loss finite, costs within the half-precision bound).
+               oracle, and finite for logits of exactly +-1e4; flash_rnnt_loss finite, costs
+               within the half-precision bound, and finite wherever tf_rnnt.reference is for a
+               tanh joint scaled to logits ~1e4).
   concurrency  4 threads x 5 calls with their own shapes at once: bitwise the sequential
                results, which match the CPU op.
   oom          a workspace no GPU has: ResourceExhaustedError naming tile_size/memory_budget,
                then a normal call still works.
   determinism  two runs bitwise equal, without and then with op determinism enabled (last:
-               enabling it cannot be undone in the process).
+               enabling it cannot be undone in the process); also at V = 257 (padded rows).
 TF32 is off (exact float32 GEMMs) so the GPU and CPU results are comparable.
 """
 
@@ -190,6 +192,29 @@ def check_logits_1e4(log):
                          f"{worst:.2f} of their bound, gradients finite")
             expect(worst <= 1.0, f"flash {mode} {dtype.name} costs")
 
+        # Logits of exactly +-1e4: finite costs and gradients.
+        extreme = rng.choice([-1e4, 1e4], size=(2, 30, 11, 32))
+        extreme_labels = rng.integers(1, 32, size=(2, 10)).astype(np.int32)
+        got = with_gradients(lambda x: tf_rnnt.rnnt_loss(x, extreme_labels, [30, 20], [10, 5]),
+                             [extreme], GPU, dtype)
+        lines.append(f"rnnt_loss {dtype.name} at logits +-1e4: finite {all_finite(got)}")
+        expect(all_finite(got), f"rnnt_loss {dtype.name} at +-1e4: non-finite")
+        # A tanh joint whose kernel makes logits ~1e4: the true d predictor (a sum over frames)
+        # can exceed float16's 65504, so finiteness is compared with the reference run in the
+        # same precision.
+        joint_args = [0.5 * rng.normal(size=(2, 30, 16)), 0.5 * rng.normal(size=(2, 11, 16)),
+                      2.5e3 * rng.normal(size=(16, 32)), np.zeros(32)]
+        joint_args = [tf.cast(tf.cast(x, dtype), tf.float64).numpy() for x in joint_args]
+        joint_lengths = (extreme_labels, [30, 15], [10, 5])
+        out = with_gradients(lambda *p: tf_rnnt.flash_rnnt_loss(*p, *joint_lengths), joint_args,
+                             GPU, dtype)
+        ref = with_gradients(lambda *p: tf_rnnt.reference.flash_rnnt_loss(*p, *joint_lengths),
+                             joint_args, GPU, dtype)
+        same = all(np.array_equal(np.isfinite(x), np.isfinite(y)) for x, y in zip(out, ref))
+        lines.append(f"flash {dtype.name} at logits ~1e4: finite wherever the reference is: "
+                     f"{same}")
+        expect(same, f"flash {dtype.name} at logits ~1e4: finiteness differs from the reference")
+
 
 def _concurrency_jobs(i):
     rng = np.random.default_rng(10 + i)
@@ -306,6 +331,9 @@ def check_determinism(log):
     logits = rng.normal(size=(B, T, U + 1, V)).astype(np.float32)
     labels = rng.integers(1, V, size=(B, U)).astype(np.int32)
     t_len, u_len = np.array([T, 250, 123, 300], np.int32), np.array([U, 60, 17, 0], np.int32)
+    # V = 257: the GPU pads the logits rows to 264 columns.
+    wide_params = params[:2] + [(rng.normal(size=(H, 257)) / np.sqrt(H)).astype(np.float32),
+                                rng.normal(size=(257,)).astype(np.float32)]
     cases = {
         "rnnt_loss": lambda: with_gradients(
             lambda x: tf_rnnt.rnnt_loss(x, labels, t_len, u_len), [logits], GPU),
@@ -317,6 +345,9 @@ def check_determinism(log):
         "flash_untiled": lambda: with_gradients(
             lambda *p: tf_rnnt.flash_rnnt_loss(*p, labels, t_len, u_len, mode="untiled"),
             params, GPU),
+        "flash_v257": lambda: with_gradients(
+            lambda *p: tf_rnnt.flash_rnnt_loss(*p, labels, t_len, u_len, tile_size=1000),
+            wide_params, GPU),
         "samplewise": lambda: with_gradients(
             lambda *p: tf_rnnt.samplewise_rnnt_loss(*p, labels, t_len, u_len,
                                                     parallel_iterations=4), params, GPU),
@@ -352,7 +383,7 @@ def main(argv):
         argv = [a for a in argv if a != "--cpu-dry-run"]
         GPU = CPU
     elif not tf.config.list_physical_devices("GPU"):
-        print("FAIL robustness_gpu: TensorFlow sees no GPU")
+        print("FAIL robustness_gpu: TensorFlow sees no GPU (--cpu-dry-run runs it on the CPU)")
         return 2
     for gpu in tf.config.list_physical_devices("GPU"):
         tf.config.experimental.set_memory_growth(gpu, True)

@@ -2,16 +2,19 @@
 //
 // Notation (Graves 2012, "Sequence Transduction with Recurrent Neural Networks"):
 //   blank(t, u) = log P(blank | t, u),  label(t, u) = log P(y_{u+1} | t, u)
-//   alpha(t, u) = logaddexp(alpha(t-1, u) + blank(t-1, u), alpha(t, u-1) + label(t, u-1))   (eq. 16)
-//   beta(t, u)  = logaddexp(beta(t+1, u) + blank(t, u),  beta(t, u+1) + label(t, u))        (eq. 18)
+//   alpha(t, u) = logaddexp(alpha(t-1, u) + blank(t-1, u), alpha(t, u-1) + label(t, u-1)) (16)
+//   beta(t, u)  = logaddexp(beta(t+1, u) + blank(t, u),  beta(t, u+1) + label(t, u))      (18)
 //   log P(y|x) = beta(0, 0) = alpha(T-1, U) + blank(T-1, U)
-//   d cost / d blank(t, u) = -exp(alpha(t, u) + blank(t, u) + beta(t+1, u) - log P)          (eq. 20)
+//   d cost / d blank(t, u) = -exp(alpha(t, u) + blank(t, u) + beta(t+1, u) - log P)        (20)
 //   d cost / d label(t, u) = -exp(alpha(t, u) + label(t, u) + beta(t, u+1) - log P)
+// (equation numbers of the paper)
 #ifndef TF_RNNT_NODE_MATH_H_
 #define TF_RNNT_NODE_MATH_H_
 
 #include <cmath>
 #include <cstdint>
+
+#include "tf_rnnt/activation.h"
 
 #if defined(__CUDACC__)
 #define TF_RNNT_HD __host__ __device__ __forceinline__
@@ -108,6 +111,10 @@ TF_RNNT_HD LseState lse_merge(LseState a, LseState b) {
 
 TF_RNNT_HD float lse_value(LseState s) { return s.max + logf(s.sum); }
 
+// log softmax(x) over the state's row, as (x - max) - log(sum). Forming x - (max + log(sum))
+// instead loses log(sum) when |max| is large (near FLT_MAX one ulp exceeds any log(sum)).
+TF_RNNT_HD float log_softmax_at(float x, LseState s) { return (x - s.max) - logf(s.sum); }
+
 // d logits(v) for lattice = (logit(blank) - lse, logit(label) - lse):
 //   g_blank * (1[v == blank] - p_v) + g_label * (1[v == label] - p_v)
 // A node whose two gradients are zero (padding, or a sample whose cost is not finite) gets exact
@@ -121,13 +128,11 @@ TF_RNNT_HD float logit_grad(float logit, float lse, int v, int blank, int label,
   return g;
 }
 
-enum Activation : int { kTanh = 0, kRelu = 1, kIdentity = 2 };
-
-TF_RNNT_HD float activate(float x, int activation) {
+TF_RNNT_HD float activate(float x, Activation activation) {
   switch (activation) {
-    case kTanh:
+    case Activation::kTanh:
       return tanhf(x);
-    case kRelu:
+    case Activation::kRelu:
       return x > 0.f ? x : 0.f;
     default:
       return x;
@@ -135,11 +140,11 @@ TF_RNNT_HD float activate(float x, int activation) {
 }
 
 // d act / d x expressed through the activated value y = act(x), so the backward pass needs only y.
-TF_RNNT_HD float activation_grad(float y, int activation) {
+TF_RNNT_HD float activation_grad(float y, Activation activation) {
   switch (activation) {
-    case kTanh:
+    case Activation::kTanh:
       return 1.f - y * y;
-    case kRelu:
+    case Activation::kRelu:
       return y > 0.f ? 1.f : 0.f;
     default:
       return 1.f;
@@ -157,7 +162,10 @@ TF_RNNT_HD NodeIndex locate_node(int64_t n, const int64_t* offsets, int B,
   int lo = 0, hi = B - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) >> 1;
-    if (offsets[mid] <= n) lo = mid; else hi = mid - 1;
+    if (offsets[mid] <= n)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   const int64_t local = n - offsets[lo];
   const int U1_b = label_lengths[lo] + 1;
@@ -166,72 +174,6 @@ TF_RNNT_HD NodeIndex locate_node(int64_t n, const int64_t* offsets, int B,
   idx.t = static_cast<int>(local / U1_b);
   idx.u = static_cast<int>(local % U1_b);
   return idx;
-}
-
-// Host-side conversions for the 16-bit float formats (the CUDA path uses cuda_fp16/bf16).
-inline float half_bits_to_float(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16;
-  uint32_t exponent = (h >> 10) & 0x1f;
-  uint32_t mantissa = h & 0x3ffu;
-  uint32_t bits;
-  if (exponent == 0) {
-    if (mantissa == 0) {
-      bits = sign;
-    } else {  // subnormal: renormalize
-      exponent = 127 - 15 + 1;
-      while ((mantissa & 0x400u) == 0) {
-        mantissa <<= 1;
-        --exponent;
-      }
-      bits = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
-    }
-  } else if (exponent == 0x1f) {
-    bits = sign | 0x7f800000u | (mantissa << 13);
-  } else {
-    bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
-  }
-  float f;
-  __builtin_memcpy(&f, &bits, 4);
-  return f;
-}
-
-inline uint16_t float_to_half_bits(float f) {
-  uint32_t x;
-  __builtin_memcpy(&x, &f, 4);
-  const uint16_t sign = (x >> 16) & 0x8000u;
-  const uint32_t abs = x & 0x7fffffffu;
-  if (abs >= 0x7f800000u) return sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u);
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: overflow to inf
-  if (abs < 0x38800000u) {                         // subnormal or zero in half
-    if (abs < 0x33000000u) return sign;            // < 2^-25 rounds to 0
-    const uint32_t e = abs >> 23;
-    const uint32_t m = (abs & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - e;  // 14 + (113 - e) - 1 + ...
-    uint32_t half_m = m >> (shift);
-    const uint32_t rem = m & ((1u << shift) - 1);
-    const uint32_t halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (half_m & 1u))) ++half_m;
-    return sign | static_cast<uint16_t>(half_m);
-  }
-  uint32_t h = ((abs >> 13) - (112u << 10));
-  const uint32_t rem = abs & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
-  return sign | static_cast<uint16_t>(h);
-}
-
-inline float bf16_bits_to_float(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  __builtin_memcpy(&f, &bits, 4);
-  return f;
-}
-
-inline uint16_t float_to_bf16_bits(float f) {
-  uint32_t x;
-  __builtin_memcpy(&x, &f, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // NaN
-  x += 0x7fffu + ((x >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(x >> 16);
 }
 
 }  // namespace tf_rnnt

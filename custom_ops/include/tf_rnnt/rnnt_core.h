@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <functional>
 
+#include "tf_rnnt/activation.h"
+
 namespace tf_rnnt {
 
 enum class StatusCode : int {
@@ -34,8 +36,8 @@ inline size_t dtype_size(DType d) { return d == DType::kFloat32 ? 4 : 2; }
 
 // Runs fn(begin, end) over [0, total) on the caller's thread pool; cost_per_unit is a rough
 // number of cycles per unit of work, used to choose the shard size.
-using ParallelFor =
-    std::function<void(int64_t total, int64_t cost_per_unit, const std::function<void(int64_t, int64_t)>&)>;
+using ParallelFor = std::function<void(int64_t total, int64_t cost_per_unit,
+                                       const std::function<void(int64_t, int64_t)>&)>;
 
 using GpuStream = void*;  // a cudaStream_t
 
@@ -80,100 +82,99 @@ Status logits_to_lattice_grad_cuda(const void* logits, DType dtype, const int32_
 
 // ---------------------------------------------------------------- fused joint ("Flash RNN-T")
 // Valid nodes are packed sample after sample, (t, u) row-major inside a sample:
-//   node n of sample b at offsets[b] + t * (U_b + 1) + u,   offsets[b+1] = offsets[b] + T_b (U_b + 1)
+//   node n of sample b at offsets[b] + t * (U_b + 1) + u,
+//   offsets[b + 1] = offsets[b] + T_b * (U_b + 1)
 // and processed in tiles of consecutive packed nodes, so padding costs no GEMM work.
 struct JointShape {
   int B = 0, T = 0, U1 = 0, H = 0, V = 0;
-  int blank = 0;
-  int activation = 0;  // tf_rnnt::Activation
-  DType dtype = DType::kFloat32;
-  bool allow_tf32 = true;
 };
 
-// Bytes of the workspace for tiles of tile_nodes nodes. Tiled mode: one tile's joint values,
-// logits and gradients. Untiled mode (tile_nodes = all nodes): the forward pass writes straight
-// into saved_hidden / saved_logits; the backward pass needs gradient buffers only.
-size_t joint_workspace_bytes_cpu(const JointShape& shape, int64_t tile_nodes, bool backward,
-                                 bool untiled);
-size_t joint_workspace_bytes_cuda(const JointShape& shape, int64_t tile_nodes, bool backward,
-                                  bool untiled);
-
-// Row widths of the tile buffers and of the untiled mode's kept tensors. The GPU path appends a
-// ones column to the joint values (through the d kernel GEMM it yields d bias) and pads both
-// widths to multiples of 8 for aligned tensor-core GEMMs.
-inline int round_up_to_8(int n) { return (n + 7) / 8 * 8; }
-inline int joint_hidden_width(const JointShape& s, bool gpu) {
-  return gpu ? round_up_to_8(s.H + 1) : s.H;
-}
-inline int joint_logits_width(const JointShape& s, bool gpu) {
-  return gpu ? round_up_to_8(s.V) : s.V;
-}
+struct JointOptions {
+  int blank = 0;  // in [0, V)
+  Activation activation = Activation::kTanh;
+  DType dtype = DType::kFloat32;  // of encoder, predictor, kernel, bias and the gradients
+  bool allow_tf32 = true;         // float32 GEMMs may use TF32 tensor cores (GPU)
+};
 
 // Host-side plan: packed node offsets [B + 1] from host lengths.
 void joint_node_offsets(const int32_t* logit_lengths, const int32_t* label_lengths, int B,
                         int64_t* offsets);
 
+// Host memory the launchers plan tiles and launches with.
+struct HostPlan {
+  const int32_t* logit_lengths = nullptr;  // [B]
+  const int32_t* label_lengths = nullptr;  // [B]
+  const int64_t* node_offsets = nullptr;   // [B + 1], joint_node_offsets
+  int64_t num_nodes = 0;                   // node_offsets[B]
+  int64_t tile_nodes = 0;                  // nodes per tile (num_nodes in untiled mode)
+};
+
+// The inputs both passes read, on the launcher's device (so for the CPU launchers the lengths
+// are host memory, as in `host`).
+struct JointInputs {
+  const void* encoder = nullptr;           // [B, T, H] dtype
+  const void* predictor = nullptr;         // [B, U1, H] dtype
+  const void* kernel = nullptr;            // [H, V] dtype
+  const void* bias = nullptr;              // [V] dtype
+  const int32_t* labels = nullptr;         // [B, U]
+  const int32_t* logit_lengths = nullptr;  // [B]
+  const int32_t* label_lengths = nullptr;  // [B]
+  HostPlan host;
+};
+
+// Bytes of the workspace for tiles of tile_nodes nodes. Tiled mode: one tile's joint values,
+// logits and gradients. Untiled mode (tile_nodes = all nodes): the forward pass writes straight
+// into the saved buffers; the backward pass needs gradient buffers only. The backward workspace
+// also holds float32 accumulators of the gradients when dtype is 16-bit.
+size_t joint_workspace_bytes_cpu(const JointShape& shape, const JointOptions& options,
+                                 int64_t tile_nodes, bool backward, bool untiled);
+size_t joint_workspace_bytes_cuda(const JointShape& shape, const JointOptions& options,
+                                  int64_t tile_nodes, bool backward, bool untiled);
+
+// Untiled mode keeps each node's joint values (dtype) and float32 logits from the forward pass
+// for the backward pass, in a layout each device chooses: elements of the two buffers.
+struct JointSavedSizes {
+  int64_t hidden = 0;
+  int64_t logits = 0;
+};
+JointSavedSizes joint_saved_sizes_cpu(const JointShape& shape, int64_t num_nodes);
+JointSavedSizes joint_saved_sizes_cuda(const JointShape& shape, int64_t num_nodes);
+
 struct JointForwardArgs {
-  const int32_t* logit_lengths;  // [B] (host pointer on CPU, device pointer on GPU)
-  const int32_t* label_lengths;  // [B]
-  const void* encoder;    // [B, T, H] dtype
-  const void* predictor;  // [B, U1, H] dtype
-  const void* kernel;     // [H, V] dtype
-  const void* bias;       // [V] dtype
-  const int32_t* labels;  // [B, U]
-  const int64_t* node_offsets;  // [B + 1] (host pointer on CPU, device pointer on GPU)
-  const int64_t* host_node_offsets;   // [B + 1] host copies (the GPU path plans launches with them)
-  const int32_t* host_logit_lengths;  // [B]
-  const int32_t* host_label_lengths;  // [B]
-  int64_t num_nodes;            // offsets[B]
-  int64_t tile_nodes;
-  void* workspace;        // joint_workspace_bytes_{cpu,cuda}(shape, tile_nodes, false, untiled)
-  float* lattice;         // [B, T, U1, 2] out; 0 outside the valid rectangles
-  float* lse;             // [num_nodes] out (packed)
-  void* saved_hidden;     // untiled mode: [num_nodes, joint_hidden_width] dtype out (else null)
-  float* saved_logits;    // untiled mode: [num_nodes, joint_logits_width] float32 out (else null)
+  JointInputs in;
+  void* workspace = nullptr;      // joint_workspace_bytes_{cpu,cuda}(..., false, untiled)
+  float* lattice = nullptr;       // [B, T, U1, 2] out; 0 outside the valid rectangles
+  float* lse = nullptr;           // [num_nodes] out (packed)
+  void* saved_hidden = nullptr;   // untiled mode: joint_saved_sizes().hidden dtype out (else null)
+  float* saved_logits = nullptr;  // untiled mode: joint_saved_sizes().logits out (else null)
 };
 
 struct JointBackwardArgs {
-  const int32_t* logit_lengths;  // [B] (host pointer on CPU, device pointer on GPU)
-  const int32_t* label_lengths;  // [B]
-  const void* encoder;
-  const void* predictor;
-  const void* kernel;
-  const void* bias;
-  const int32_t* labels;
-  const int64_t* node_offsets;
-  const int64_t* host_node_offsets;
-  const int32_t* host_logit_lengths;
-  const int32_t* host_label_lengths;
-  int64_t num_nodes;
-  int64_t tile_nodes;
-  void* workspace;        // joint_workspace_bytes_{cpu,cuda}(shape, tile_nodes, true, untiled)
-  const float* lse;       // [num_nodes]
-  const float* d_lattice; // [B, T, U1, 2]
-  const void* saved_hidden;  // untiled: as forward (else null: recomputed per tile)
-  float* saved_logits;       // untiled: as forward; overwritten by d logits (else null)
-  // float32 accumulators, zero-initialized by the launcher:
-  float* d_encoder;    // [B, T, H]
-  float* d_predictor;  // [B, U1, H]
-  float* d_kernel;     // [H, V]
-  float* d_bias;       // [V]
+  JointInputs in;
+  void* workspace = nullptr;           // joint_workspace_bytes_{cpu,cuda}(..., true, untiled)
+  const float* lse = nullptr;          // [num_nodes]
+  const float* d_lattice = nullptr;    // [B, T, U1, 2]
+  const void* saved_hidden = nullptr;  // untiled: as forward (else null: recomputed per tile)
+  float* saved_logits = nullptr;       // untiled: as forward; overwritten by d logits (else null)
+  // Gradients in dtype, written by the launcher (d kernel and d bias also for an empty batch):
+  void* d_encoder = nullptr;    // [B, T, H]
+  void* d_predictor = nullptr;  // [B, U1, H]
+  void* d_kernel = nullptr;     // [H, V]
+  void* d_bias = nullptr;       // [V]
 };
 
-Status joint_forward_cpu(const JointShape& shape, const JointForwardArgs& args,
-                         const ParallelFor& parallel_for);
-Status joint_backward_cpu(const JointShape& shape, const JointBackwardArgs& args,
-                          const ParallelFor& parallel_for);
+Status joint_forward_cpu(const JointShape& shape, const JointOptions& options,
+                         const JointForwardArgs& args, const ParallelFor& parallel_for);
+Status joint_backward_cpu(const JointShape& shape, const JointOptions& options,
+                          const JointBackwardArgs& args, const ParallelFor& parallel_for);
 
 // GPU: GEMMs through the cuBLAS library the process has already loaded (TensorFlow's).
-Status joint_forward_cuda(const JointShape& shape, const JointForwardArgs& args, GpuStream stream);
-Status joint_backward_cuda(const JointShape& shape, const JointBackwardArgs& args,
-                           GpuStream stream);
+Status joint_forward_cuda(const JointShape& shape, const JointOptions& options,
+                          const JointForwardArgs& args, GpuStream stream);
+Status joint_backward_cuda(const JointShape& shape, const JointOptions& options,
+                           const JointBackwardArgs& args, GpuStream stream);
 
-// Device helpers for the glue: packed offsets from device lengths, and float32 -> dtype casts.
-Status joint_node_offsets_cuda(const int32_t* logit_lengths, const int32_t* label_lengths, int B,
-                               int64_t* offsets, GpuStream stream);
-Status cast_float_cuda(const float* in, void* out, DType dtype, int64_t n, GpuStream stream);
+// Device-to-device copy on the stream (the glue's copy of a shared saved_logits buffer).
 Status copy_cuda(void* dst, const void* src, size_t bytes, GpuStream stream);
 
 }  // namespace tf_rnnt

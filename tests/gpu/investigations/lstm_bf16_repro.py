@@ -1,9 +1,11 @@
-"""Keras LSTM weight gradients under mixed_bfloat16, with and without cuDNN (tf_rnnt not used).
+"""Investigation: Keras LSTM weight gradients under mixed_bfloat16, with and without cuDNN
+(tf_rnnt not used). Kept to re-check the Keras LSTM caveat on new TensorFlow versions.
 
-    python tests/gpu/lstm_bf16_repro.py [--trials 20]
+    python tests/gpu/investigations/lstm_bf16_repro.py [--trials 20]
 
-tests/gpu/mixed_bf16_check.py found non-finite LSTM weight gradients in bfloat16 training on the
-H200 even when the gradients fed into the LSTMs were finite and came from tf_rnnt.reference.
+tests/gpu/investigations/mixed_bf16_check.py found non-finite LSTM weight gradients in bfloat16
+training on a GPU even when the gradients fed into the LSTMs were finite and came from
+tf_rnnt.reference.
 This script takes tf_rnnt out: one LSTM (the test model's sizes), finite inputs and finite
 upstream gradients, weight gradients by tf.GradientTape in a tf.function, compared with the same
 layer's float32 gradients. It prints, per path, how many trials gave non-finite gradients and

@@ -1,0 +1,502 @@
+// Tests of the framework-free core: the launchers of rnnt_core.h called directly (no TensorFlow)
+// on small problems, against float64 brute force written here from the definitions: the lattice
+// loss by enumerating every alignment, the log-softmax and the joint by explicit loops.
+//
+//   build/tests/core_test          CPU launchers, then the GPU launchers when a GPU is present
+//
+// Exit status 0 when every case that ran passed (a missing GPU is reported as skipped, not as
+// passed); 1 otherwise. TF_RNNT_CORE_TEST_REQUIRE_GPU=1 makes a skipped GPU half a failure.
+#include "core_test.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace tf_rnnt {
+namespace test {
+namespace {
+
+// ------------------------------------------------------------------ float64 references
+double log_sum_exp(const std::vector<double>& x) {
+  double m = -INFINITY;
+  for (double v : x) m = std::max(m, v);
+  if (m == -INFINITY) return m;
+  double s = 0;
+  for (double v : x) s += std::exp(v - m);
+  return m + std::log(s);
+}
+
+// Every alignment of sample b (a monotone path from (0, 0) to (T_b - 1, U_b), then the final
+// blank): cost = -log sum_paths P(path); d cost / d edge = -sum over paths through the edge of
+// P(path) / P, with FastEmit's (1 + lambda) on label edges and the optional clamp.
+void lattice_loss_reference(const std::vector<float>& lattice, const std::vector<int32_t>& T_len,
+                            const std::vector<int32_t>& U_len, int B, int T, int U1,
+                            const LatticeLossOptions& options, std::vector<double>* costs,
+                            std::vector<double>* grads) {
+  costs->assign(B, 0.0);
+  grads->assign(lattice.size(), 0.0);
+  for (int b = 0; b < B; ++b) {
+    auto edge = [&](int t, int u, int k) {
+      return ((static_cast<size_t>(b) * T + t) * U1 + u) * 2 + k;
+    };
+    std::vector<double> log_probs;
+    std::vector<std::vector<size_t>> paths;
+    std::vector<size_t> path;
+    std::function<void(int, int, double)> walk = [&](int t, int u, double lp) {
+      if (t == T_len[b] - 1 && u == U_len[b]) {
+        path.push_back(edge(t, u, 0));
+        log_probs.push_back(lp + lattice[edge(t, u, 0)]);
+        paths.push_back(path);
+        path.pop_back();
+        return;
+      }
+      if (t + 1 < T_len[b]) {
+        path.push_back(edge(t, u, 0));
+        walk(t + 1, u, lp + lattice[edge(t, u, 0)]);
+        path.pop_back();
+      }
+      if (u < U_len[b]) {
+        path.push_back(edge(t, u, 1));
+        walk(t, u + 1, lp + lattice[edge(t, u, 1)]);
+        path.pop_back();
+      }
+    };
+    walk(0, 0, 0.0);
+    const double log_p = log_sum_exp(log_probs);
+    (*costs)[b] = -log_p;
+    for (size_t p = 0; p < paths.size(); ++p) {
+      for (size_t e : paths[p]) (*grads)[e] -= std::exp(log_probs[p] - log_p);
+    }
+    for (int t = 0; t < T; ++t) {
+      for (int u = 0; u < U1; ++u) {
+        double& g_label = (*grads)[edge(t, u, 1)];
+        g_label *= 1.0 + options.fastemit_lambda;
+        if (options.clamp > 0) {
+          for (int k = 0; k < 2; ++k) {
+            double& g = (*grads)[edge(t, u, k)];
+            g = std::min<double>(std::max<double>(g, -options.clamp), options.clamp);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Log-softmax of each V-row of logits at blank and the next label; its log-sum-exp.
+void log_softmax_picks(const std::vector<double>& logits, const std::vector<int32_t>& labels, int B,
+                       int T, int U1, int V, int blank, std::vector<double>* lattice,
+                       std::vector<double>* lse) {
+  const size_t nodes = static_cast<size_t>(B) * T * U1;
+  lattice->assign(2 * nodes, 0.0);
+  lse->assign(nodes, 0.0);
+  for (size_t n = 0; n < nodes; ++n) {
+    std::vector<double> row(logits.begin() + n * V, logits.begin() + (n + 1) * V);
+    const double total = log_sum_exp(row);
+    const int u = static_cast<int>(n % U1);
+    const size_t b = n / (static_cast<size_t>(T) * U1);
+    const int label = u + 1 < U1 ? labels[b * (U1 - 1) + u] : -1;
+    (*lse)[n] = total;
+    (*lattice)[2 * n] = row[blank] - total;
+    if (label >= 0 && label < V) (*lattice)[2 * n + 1] = row[label] - total;
+  }
+}
+
+// d logits of sum(d_lattice * picks): g_blank (1[v = blank] - p_v) + g_label (1[v = label] - p_v).
+std::vector<double> log_softmax_picks_grad(const std::vector<double>& logits,
+                                           const std::vector<int32_t>& labels, int B, int T, int U1,
+                                           int V, int blank, const std::vector<double>& d_lattice) {
+  std::vector<double> lattice, lse, out(logits.size(), 0.0);
+  log_softmax_picks(logits, labels, B, T, U1, V, blank, &lattice, &lse);
+  for (size_t n = 0; n < lse.size(); ++n) {
+    const int u = static_cast<int>(n % U1);
+    const size_t b = n / (static_cast<size_t>(T) * U1);
+    const int label = u + 1 < U1 ? labels[b * (U1 - 1) + u] : -1;
+    const double g_blank = d_lattice[2 * n];
+    const double g_label = (label >= 0 && label < V) ? d_lattice[2 * n + 1] : 0.0;
+    for (int v = 0; v < V; ++v) {
+      const double p = std::exp(logits[n * V + v] - lse[n]);
+      double g = -(g_blank + g_label) * p;
+      if (v == blank) g += g_blank;
+      if (v == label) g += g_label;
+      out[n * V + v] = g;
+    }
+  }
+  return out;
+}
+
+double activate64(double x, Activation a) {
+  if (a == Activation::kTanh) return std::tanh(x);
+  if (a == Activation::kRelu) return x > 0 ? x : 0;
+  return x;
+}
+
+double activate64_grad(double x, Activation a) {
+  if (a == Activation::kTanh) return 1 - std::tanh(x) * std::tanh(x);
+  if (a == Activation::kRelu) return x > 0 ? 1 : 0;
+  return 1;
+}
+
+bool valid_node(const JointCase& c, int b, int t, int u) {
+  return t < c.logit_lengths[b] && u <= c.label_lengths[b];
+}
+
+// The joint's lattice (0 outside the valid nodes) and the gradients of sum(d_lattice * lattice).
+void joint_reference(const JointCase& c, const std::vector<float>& d_lattice,
+                     std::vector<double>* lattice, std::vector<double>* d_enc,
+                     std::vector<double>* d_pred, std::vector<double>* d_kernel,
+                     std::vector<double>* d_bias) {
+  const JointShape& s = c.shape;
+  const int B = s.B, T = s.T, U1 = s.U1, H = s.H, V = s.V;
+  const size_t nodes = static_cast<size_t>(B) * T * U1;
+  std::vector<double> pre(nodes * H), z(nodes * H), logits(nodes * V);
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) {
+      for (int u = 0; u < U1; ++u) {
+        const size_t n = (static_cast<size_t>(b) * T + t) * U1 + u;
+        for (int h = 0; h < H; ++h) {
+          pre[n * H + h] =
+              static_cast<double>(c.encoder[(static_cast<size_t>(b) * T + t) * H + h]) +
+              c.predictor[(static_cast<size_t>(b) * U1 + u) * H + h];
+          z[n * H + h] = activate64(pre[n * H + h], c.options.activation);
+        }
+        for (int v = 0; v < V; ++v) {
+          double x = c.bias[v];
+          for (int h = 0; h < H; ++h) x += z[n * H + h] * c.kernel[static_cast<size_t>(h) * V + v];
+          logits[n * V + v] = x;
+        }
+      }
+    }
+  }
+  std::vector<double> lse;
+  log_softmax_picks(logits, c.labels, B, T, U1, V, c.options.blank, lattice, &lse);
+  std::vector<double> d_lat(d_lattice.begin(), d_lattice.end());
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) {
+      for (int u = 0; u < U1; ++u) {
+        const size_t n = (static_cast<size_t>(b) * T + t) * U1 + u;
+        if (!valid_node(c, b, t, u)) {
+          (*lattice)[2 * n] = (*lattice)[2 * n + 1] = 0;
+          d_lat[2 * n] = d_lat[2 * n + 1] = 0;
+        } else if (u == c.label_lengths[b]) {
+          (*lattice)[2 * n + 1] = 0;
+          d_lat[2 * n + 1] = 0;
+        }
+      }
+    }
+  }
+  const std::vector<double> d_logits =
+      log_softmax_picks_grad(logits, c.labels, B, T, U1, V, c.options.blank, d_lat);
+  d_enc->assign(static_cast<size_t>(B) * T * H, 0.0);
+  d_pred->assign(static_cast<size_t>(B) * U1 * H, 0.0);
+  d_kernel->assign(static_cast<size_t>(H) * V, 0.0);
+  d_bias->assign(V, 0.0);
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) {
+      for (int u = 0; u < U1; ++u) {
+        const size_t n = (static_cast<size_t>(b) * T + t) * U1 + u;
+        for (int v = 0; v < V; ++v) (*d_bias)[v] += d_logits[n * V + v];
+        for (int h = 0; h < H; ++h) {
+          double dz = 0;
+          for (int v = 0; v < V; ++v) {
+            dz += d_logits[n * V + v] * c.kernel[static_cast<size_t>(h) * V + v];
+            (*d_kernel)[static_cast<size_t>(h) * V + v] += z[n * H + h] * d_logits[n * V + v];
+          }
+          const double g = dz * activate64_grad(pre[n * H + h], c.options.activation);
+          (*d_enc)[(static_cast<size_t>(b) * T + t) * H + h] += g;
+          (*d_pred)[(static_cast<size_t>(b) * U1 + u) * H + h] += g;
+        }
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------ CPU backend
+void serial_parallel_for(int64_t total, int64_t, const std::function<void(int64_t, int64_t)>& fn) {
+  // Three shards in turn: the launchers' shard boundaries get exercised.
+  const int64_t step = std::max<int64_t>(1, (total + 2) / 3);
+  for (int64_t begin = 0; begin < total; begin += step) fn(begin, std::min(total, begin + step));
+}
+
+class CpuBackend : public Backend {
+ public:
+  const char* name() const override { return "cpu"; }
+
+  Status lattice_loss(const std::vector<float>& lattice, const std::vector<int32_t>& logit_lengths,
+                      const std::vector<int32_t>& label_lengths, int B, int T, int U1,
+                      const LatticeLossOptions& options, std::vector<float>* costs,
+                      std::vector<float>* grads) override {
+    costs->assign(B, 0.f);
+    grads->assign(lattice.size(), 0.f);
+    std::vector<float> alphas(static_cast<size_t>(B) * T * U1), betas(alphas.size());
+    return lattice_loss_cpu(lattice.data(), logit_lengths.data(), label_lengths.data(), B, T, U1,
+                            options, costs->data(), grads->data(), alphas.data(), betas.data(),
+                            serial_parallel_for);
+  }
+
+  Status logits_to_lattice(const std::vector<float>& logits, const std::vector<int32_t>& labels,
+                           int B, int T, int U1, int V, int blank, std::vector<float>* lattice,
+                           std::vector<float>* lse) override {
+    lattice->assign(static_cast<size_t>(B) * T * U1 * 2, 0.f);
+    lse->assign(static_cast<size_t>(B) * T * U1, 0.f);
+    return logits_to_lattice_cpu(logits.data(), DType::kFloat32, labels.data(), B, T, U1, V, blank,
+                                 lattice->data(), lse->data(), serial_parallel_for);
+  }
+
+  Status logits_to_lattice_grad(const std::vector<float>& logits,
+                                const std::vector<int32_t>& labels, int B, int T, int U1, int V,
+                                int blank, const std::vector<float>& lse,
+                                const std::vector<float>& d_lattice,
+                                std::vector<float>* d_logits) override {
+    d_logits->assign(logits.size(), 0.f);
+    return logits_to_lattice_grad_cpu(logits.data(), DType::kFloat32, labels.data(), B, T, U1, V,
+                                      blank, lse.data(), d_lattice.data(), d_logits->data(),
+                                      serial_parallel_for);
+  }
+
+  Status joint(const JointCase& c, int64_t tile_nodes, const std::vector<float>& d_lattice,
+               JointResult* r) override {
+    const JointShape& s = c.shape;
+    std::vector<int64_t> offsets(s.B + 1);
+    joint_node_offsets(c.logit_lengths.data(), c.label_lengths.data(), s.B, offsets.data());
+    const bool untiled = tile_nodes <= 0;
+    JointInputs in;
+    in.encoder = c.encoder.data();
+    in.predictor = c.predictor.data();
+    in.kernel = c.kernel.data();
+    in.bias = c.bias.data();
+    in.labels = c.labels.data();
+    in.logit_lengths = in.host.logit_lengths = c.logit_lengths.data();
+    in.label_lengths = in.host.label_lengths = c.label_lengths.data();
+    in.host.node_offsets = offsets.data();
+    in.host.num_nodes = offsets[s.B];
+    in.host.tile_nodes = untiled ? offsets[s.B] : tile_nodes;
+    const JointSavedSizes saved = joint_saved_sizes_cpu(s, untiled ? offsets[s.B] : 0);
+    std::vector<float> saved_hidden(saved.hidden), saved_logits(saved.logits);
+    std::vector<char> workspace(
+        std::max(joint_workspace_bytes_cpu(s, c.options, in.host.tile_nodes, false, untiled),
+                 joint_workspace_bytes_cpu(s, c.options, in.host.tile_nodes, true, untiled)) +
+        1);
+    r->lattice.assign(static_cast<size_t>(s.B) * s.T * s.U1 * 2, -1.f);
+    r->lse.assign(offsets[s.B], 0.f);
+    JointForwardArgs f;
+    f.in = in;
+    f.workspace = workspace.data();
+    f.lattice = r->lattice.data();
+    f.lse = r->lse.data();
+    f.saved_hidden = untiled ? saved_hidden.data() : nullptr;
+    f.saved_logits = untiled ? saved_logits.data() : nullptr;
+    Status st = joint_forward_cpu(s, c.options, f, serial_parallel_for);
+    if (!st.ok()) return st;
+    r->d_encoder.assign(c.encoder.size(), -1.f);
+    r->d_predictor.assign(c.predictor.size(), -1.f);
+    r->d_kernel.assign(c.kernel.size(), -1.f);
+    r->d_bias.assign(c.bias.size(), -1.f);
+    JointBackwardArgs g;
+    g.in = in;
+    g.workspace = workspace.data();
+    g.lse = r->lse.data();
+    g.d_lattice = d_lattice.data();
+    g.saved_hidden = f.saved_hidden;
+    g.saved_logits = f.saved_logits;
+    g.d_encoder = r->d_encoder.data();
+    g.d_predictor = r->d_predictor.data();
+    g.d_kernel = r->d_kernel.data();
+    g.d_bias = r->d_bias.data();
+    return joint_backward_cpu(s, c.options, g, serial_parallel_for);
+  }
+};
+
+// ------------------------------------------------------------------ checks
+struct Report {
+  int passed = 0, failed = 0;
+};
+
+bool close(const char* what, const std::string& where, const std::vector<float>& got,
+           const std::vector<double>& want, double rtol, double atol) {
+  if (got.size() != want.size()) {
+    std::printf("    FAIL %s %s: %zu values, expected %zu\n", where.c_str(), what, got.size(),
+                want.size());
+    return false;
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!(std::fabs(got[i] - want[i]) <= atol + rtol * std::fabs(want[i]))) {
+      std::printf("    FAIL %s %s[%zu] = %.9g, expected %.9g\n", where.c_str(), what, i, got[i],
+                  want[i]);
+      return false;
+    }
+  }
+  return true;
+}
+
+void record(Report* report, const std::string& name, bool ok) {
+  std::printf("  %s %s\n", ok ? "ok  " : "FAIL", name.c_str());
+  (ok ? report->passed : report->failed) += 1;
+}
+
+std::vector<float> uniform(std::mt19937* rng, size_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> out(n);
+  for (float& x : out) x = d(*rng);
+  return out;
+}
+
+// Labels in [0, V) other than blank.
+std::vector<int32_t> random_labels(std::mt19937* rng, int B, int U, int V, int blank) {
+  std::uniform_int_distribution<int> d(0, V - 2);
+  std::vector<int32_t> out(static_cast<size_t>(B) * U);
+  for (int32_t& y : out) {
+    y = d(*rng);
+    if (y >= blank) ++y;
+  }
+  return out;
+}
+
+std::vector<double> to_double(const std::vector<float>& x) { return {x.begin(), x.end()}; }
+
+void test_lattice_ops(Backend* be, Report* report) {
+  std::mt19937 rng(1);
+  const int B = 3, T = 5, U1 = 4, V = 6;
+  const std::vector<int32_t> T_len = {5, 3, 1}, U_len = {3, 0, 2};
+  for (int blank : {0, V - 1}) {
+    const std::vector<float> logits = uniform(&rng, static_cast<size_t>(B) * T * U1 * V, -3, 3);
+    const std::vector<int32_t> labels = random_labels(&rng, B, U1 - 1, V, blank);
+    std::vector<double> lattice64, lse64;
+    log_softmax_picks(to_double(logits), labels, B, T, U1, V, blank, &lattice64, &lse64);
+    const std::string tag = std::string(be->name()) + " blank=" + std::to_string(blank);
+
+    std::vector<float> lattice, lse;
+    Status st = be->logits_to_lattice(logits, labels, B, T, U1, V, blank, &lattice, &lse);
+    record(report, "logits_to_lattice " + tag,
+           st.ok() && close("lattice", tag, lattice, lattice64, 1e-5, 1e-5) &&
+               close("lse", tag, lse, lse64, 1e-5, 1e-5));
+
+    const std::vector<float> d_lattice = uniform(&rng, lattice.size(), -1, 1);
+    std::vector<float> d_logits;
+    st = be->logits_to_lattice_grad(logits, labels, B, T, U1, V, blank, lse, d_lattice, &d_logits);
+    record(report, "logits_to_lattice_grad " + tag,
+           st.ok() && close("d_logits", tag, d_logits,
+                            log_softmax_picks_grad(to_double(logits), labels, B, T, U1, V, blank,
+                                                   to_double(d_lattice)),
+                            1e-5, 1e-5));
+
+    std::vector<float> lattice32(lattice64.begin(), lattice64.end());
+    for (const LatticeLossOptions& options :
+         {LatticeLossOptions{0.f, -1.f}, LatticeLossOptions{0.5f, -1.f},
+          LatticeLossOptions{0.f, 0.05f}}) {
+      std::vector<double> costs64, grads64;
+      lattice_loss_reference(lattice32, T_len, U_len, B, T, U1, options, &costs64, &grads64);
+      std::vector<float> costs, grads;
+      st = be->lattice_loss(lattice32, T_len, U_len, B, T, U1, options, &costs, &grads);
+      char name[160];
+      std::snprintf(name, sizeof(name), "lattice_loss %s fastemit=%g clamp=%g", tag.c_str(),
+                    options.fastemit_lambda, options.clamp);
+      record(report, name,
+             st.ok() && close("costs", name, costs, costs64, 1e-5, 1e-5) &&
+                 close("grads", name, grads, grads64, 1e-5, 1e-5));
+    }
+  }
+}
+
+JointCase make_joint_case(std::mt19937* rng, int H, int V, Activation activation, int blank) {
+  JointCase c;
+  c.shape.B = 3;
+  c.shape.T = 5;
+  c.shape.U1 = 4;
+  c.shape.H = H;
+  c.shape.V = V;
+  c.options.blank = blank;
+  c.options.activation = activation;
+  c.options.dtype = DType::kFloat32;
+  c.options.allow_tf32 = false;
+  const size_t B = c.shape.B, T = c.shape.T, U1 = c.shape.U1;
+  c.encoder = uniform(rng, B * T * H, -1, 1);
+  c.predictor = uniform(rng, B * U1 * H, -1, 1);
+  c.kernel = uniform(rng, static_cast<size_t>(H) * V, -0.5f, 0.5f);
+  c.bias = uniform(rng, V, -0.5f, 0.5f);
+  c.labels = random_labels(rng, c.shape.B, c.shape.U1 - 1, V, blank);
+  c.logit_lengths = {5, 2, 4};
+  c.label_lengths = {3, 0, 2};
+  return c;
+}
+
+void test_joint(Backend* be, Report* report) {
+  std::mt19937 rng(2);
+  const char* act_names[] = {"tanh", "relu", "identity"};
+  // H = 7, V = 6: unaligned rows; H = 16, V = 24: the GPU's vector loads.
+  for (const auto& hv : {std::pair<int, int>{7, 6}, std::pair<int, int>{16, 24}}) {
+    for (Activation act : {Activation::kTanh, Activation::kRelu, Activation::kIdentity}) {
+      const int blank = act == Activation::kRelu ? hv.second - 1 : 0;
+      const JointCase c = make_joint_case(&rng, hv.first, hv.second, act, blank);
+      const std::vector<float> d_lattice =
+          uniform(&rng, static_cast<size_t>(c.shape.B) * c.shape.T * c.shape.U1 * 2, -1, 1);
+      std::vector<double> lattice64, d_enc, d_pred, d_kernel, d_bias;
+      joint_reference(c, d_lattice, &lattice64, &d_enc, &d_pred, &d_kernel, &d_bias);
+      // Tiles of 1 node, of 7 (tiles cross samples mid-frame), of all nodes; untiled mode.
+      for (int64_t tile : {1, 7, 1000, 0}) {
+        char name[160];
+        std::snprintf(name, sizeof(name), "joint %s H=%d V=%d %s blank=%d %s", be->name(), hv.first,
+                      hv.second, act_names[static_cast<int>(act)], blank,
+                      tile > 0 ? ("tile=" + std::to_string(tile)).c_str() : "untiled");
+        JointResult r;
+        const Status st = be->joint(c, tile, d_lattice, &r);
+        if (!st.ok()) std::printf("    status %d: %s\n", static_cast<int>(st.code), st.message);
+        record(report, name,
+               st.ok() && close("lattice", name, r.lattice, lattice64, 1e-5, 1e-5) &&
+                   close("d_encoder", name, r.d_encoder, d_enc, 1e-4, 1e-5) &&
+                   close("d_predictor", name, r.d_predictor, d_pred, 1e-4, 1e-5) &&
+                   close("d_kernel", name, r.d_kernel, d_kernel, 1e-4, 1e-5) &&
+                   close("d_bias", name, r.d_bias, d_bias, 1e-4, 1e-5));
+      }
+    }
+  }
+}
+
+void run_all(Backend* be, Report* report) {
+  test_lattice_ops(be, report);
+  test_joint(be, report);
+}
+
+}  // namespace
+
+Backend* cpu_backend() {
+  static CpuBackend backend;
+  return &backend;
+}
+
+#if !TF_RNNT_WITH_CUDA
+Backend* gpu_backend(std::string* why) {
+  *why = "built without CUDA (no nvcc)";
+  return nullptr;
+}
+#endif
+
+}  // namespace test
+}  // namespace tf_rnnt
+
+int main() {
+  using namespace tf_rnnt::test;  // NOLINT
+  Report cpu, gpu;
+  std::printf("CPU launchers\n");
+  run_all(cpu_backend(), &cpu);
+  std::printf("CPU: %d passed, %d failed\n", cpu.passed, cpu.failed);
+  std::string why;
+  Backend* gpu_be = gpu_backend(&why);
+  bool gpu_skipped = gpu_be == nullptr;
+  if (gpu_skipped) {
+    std::printf("GPU: SKIPPED (%s)\n", why.c_str());
+  } else {
+    std::printf("GPU launchers\n");
+    run_all(gpu_be, &gpu);
+    std::printf("GPU: %d passed, %d failed\n", gpu.passed, gpu.failed);
+  }
+  const char* require = std::getenv("TF_RNNT_CORE_TEST_REQUIRE_GPU");
+  const bool need_gpu = require && std::string(require) == "1";
+  const bool ok = cpu.failed == 0 && gpu.failed == 0 && !(need_gpu && gpu_skipped);
+  std::printf("%s\n", ok ? "PASSED" : "FAILED");
+  return ok ? 0 : 1;
+}

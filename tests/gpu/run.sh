@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# GPU checks of tf_rnnt, for any machine with a CUDA GPU and TensorFlow installed.
+#   bash tests/gpu/run.sh STEP...      steps run in the order given; run from the checkout root
+# Steps:
+#   build       python custom_ops/build.py: the in-tree library, CUDA kernels included (needs nvcc)
+#   core        custom_ops/tests/core_test on the GPU: the CUDA launchers against float64 brute
+#               force, no TensorFlow in the process (built by build.py --tests where nvcc is
+#               found, else taken from build/tests/core_test as built elsewhere); cuBLAS from
+#               $TF_RNNT_CUBLAS, default the nvidia-cublas wheel's libcublas.so.*
+#   tests       the op, Keras, robustness, property and extreme-logits test files (their GPU
+#               variants run here; PYTEST_ARGS="-k gpu" keeps mostly those)
+#   robustness  tests/gpu/robustness_gpu.py: long lattices, logits ~1e4 in half precision,
+#               concurrency, out-of-memory errors, determinism
+#   sanitize    compute-sanitizer memcheck, racecheck and initcheck on tests/gpu/sanitizer_case.py,
+#               and memcheck on the core test
+#   bench       benchmarks/bench_rnnt.py --suite all (results in $OUT/bench.md)
+#   profile     per-kernel times (Nsight Compute) of one tiled step, for $PROFILE_DTYPES
+#               (default "float32 bfloat16")
+#   ab          the flash step at the "target" profile for each library in $AB_LIBS (paths of
+#               _tf_rnnt_ops*.so files), methods $AB_METHODS (default tiled,untiled)
+# Environment: PYTHON (default python3); TF_RNNT_LIBRARY picks the op library (default: the
+# in-tree tf_rnnt/_tf_rnnt_ops.so if built, else the installed package's); OUT (default /tmp/out)
+# receives the logs; PYTEST_ARGS is added to the pytest command (e.g. "-n 8" with pytest-xdist).
+# Exit status: non-zero if any step failed.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+PYTHON=${PYTHON:-python3}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
+if [[ -z ${TF_RNNT_LIBRARY:-} ]] && compgen -G "tf_rnnt/_tf_rnnt_ops*.so" > /dev/null; then
+  TF_RNNT_LIBRARY=$(ls tf_rnnt/_tf_rnnt_ops*.so | head -1)
+  export TF_RNNT_LIBRARY=$PWD/$TF_RNNT_LIBRARY
+fi
+echo "op library: ${TF_RNNT_LIBRARY:-that of the installed tf_rnnt package}"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+# Everything runs on GPU 0.
+gpu0() { CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} "$@"; }
+# The cuBLAS library TensorFlow uses (the nvidia-cublas wheel), for the TensorFlow-free core test.
+cublas_path() {
+  "$PYTHON" - <<'EOF'
+import glob, os
+try:
+    import nvidia.cublas
+    roots = list(nvidia.cublas.__path__)
+except ImportError:
+    roots = []
+hits = [p for r in roots for p in sorted(glob.glob(os.path.join(r, "lib", "libcublas.so.*")))
+        if "Lt" not in os.path.basename(p)]
+print(hits[0] if hits else "")
+EOF
+}
+status=0
+fail() { echo "FAILED: $1"; status=1; }
+for step in "$@"; do
+  echo "=== $step ($(date +%T))"
+  case $step in
+    build)
+      "$PYTHON" custom_ops/build.py || fail build
+      export TF_RNNT_LIBRARY=$PWD/$(ls tf_rnnt/_tf_rnnt_ops*.so | head -1) ;;
+    core)
+      # Without nvcc here, a core_test built elsewhere (build.py --tests) must be in build/tests.
+      if command -v nvcc > /dev/null || [[ -x ${CUDA_HOME:-/nonexistent}/bin/nvcc ]]; then
+        "$PYTHON" custom_ops/build.py --tests > "$OUT/core_build.log" 2>&1 \
+          || { tail -20 "$OUT/core_build.log"; fail core; continue; }
+      fi
+      [[ -x build/tests/core_test ]] || { fail "core (no nvcc and no build/tests/core_test)"; continue; }
+      TF_RNNT_CUBLAS=${TF_RNNT_CUBLAS:-$(cublas_path)} TF_RNNT_CORE_TEST_REQUIRE_GPU=1 \
+        gpu0 build/tests/core_test > "$OUT/core_test.log" 2>&1 || fail core
+      grep -E "FAIL|^CPU:|^GPU:|PASSED" "$OUT/core_test.log" ;;
+    tests)
+      gpu0 "$PYTHON" -m pytest -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} \
+        tests/test_rnnt_ops.py tests/test_joint_lattice.py tests/test_golden.py \
+        tests/test_keras.py tests/test_samplewise.py tests/test_robustness.py \
+        tests/test_properties.py tests/test_extreme_logits.py 2>&1 \
+        | tee "$OUT/pytest_gpu.log" | tail -25
+      [[ ${PIPESTATUS[0]} == 0 ]] || fail tests ;;
+    robustness)
+      gpu0 "$PYTHON" tests/gpu/robustness_gpu.py > "$OUT/robustness_gpu.log" 2>&1 || fail robustness
+      grep -E "^(PASS|FAIL|ALL|FAILED)" "$OUT/robustness_gpu.log" ;;
+    sanitize)
+      for tool in memcheck racecheck initcheck; do
+        args=""; [[ $tool == racecheck ]] && args="--joint-dtypes float32"
+        gpu0 compute-sanitizer --tool $tool --kernel-name kns=tf_rnnt --error-exitcode 9 \
+          "$PYTHON" tests/gpu/sanitizer_case.py $args > "$OUT/sanitizer_$tool.log" 2>&1 || fail "sanitize $tool"
+        echo "compute-sanitizer $tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -2 | tr '\n' ' ')"
+      done
+      if [[ -x build/tests/core_test ]]; then
+        TF_RNNT_CUBLAS=${TF_RNNT_CUBLAS:-$(cublas_path)} gpu0 compute-sanitizer --tool memcheck \
+          --kernel-name kns=tf_rnnt --error-exitcode 9 build/tests/core_test \
+          > "$OUT/sanitizer_core_test.log" 2>&1 || fail "sanitize core_test"
+        echo "compute-sanitizer memcheck core_test: $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_core_test.log" | tail -1)"
+      fi ;;
+    bench)
+      gpu0 "$PYTHON" benchmarks/bench_rnnt.py --suite all --out "$OUT/bench.md" 2>&1 \
+        | grep -v -E "^(WARNING|I0000)" | tail -60
+      [[ ${PIPESTATUS[0]} == 0 ]] || fail bench ;;
+    profile)
+      for dtype in ${PROFILE_DTYPES:-float32 bfloat16}; do
+        csv="$OUT/ncu_$dtype.csv"
+        gpu0 ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum \
+          --csv --page raw "$PYTHON" benchmarks/profile_joint.py --dtype "$dtype" > "$csv" 2>/dev/null \
+          || fail "profile $dtype"
+        echo "-- $dtype"; "$PYTHON" benchmarks/profile_joint.py --summarize "$csv" | head -16
+      done ;;
+    ab)
+      for lib in ${AB_LIBS:?set AB_LIBS to the op libraries to compare}; do
+        echo "-- $lib"
+        TF_RNNT_LIBRARY=$(realpath "$lib") gpu0 "$PYTHON" benchmarks/bench_rnnt.py --suite flash \
+          --profile target --methods "${AB_METHODS:-tiled,untiled}" --dtypes float32,bfloat16 2>&1 \
+          | grep -E "^\| target|matmul rate"
+      done ;;
+    *)
+      fail "unknown step $step (see the header of $0)" ;;
+  esac
+done
+exit $status
