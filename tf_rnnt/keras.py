@@ -35,6 +35,9 @@ import keras
 import tensorflow as tf
 
 from tf_rnnt import _contract as contract
+from tf_rnnt._keras_checks import (check_pad_value, check_rank, check_same_batch,
+                                   check_u_plus_one, frame_lengths_of, label_lengths_of,
+                                   labels_as_int, missing_lengths_error)
 from tf_rnnt._keras_lengths import LengthMask, PredictorInput, conv_output_lengths
 
 __all__ = ["RNNTJoint", "FlashRNNTLoss", "RNNTLoss", "PredictorInput", "LengthMask",
@@ -108,120 +111,6 @@ def lattice_lengths(lattice):
 
 
 # ----------------------------------------------------------------------------------------------
-# Shared checks.
-# ----------------------------------------------------------------------------------------------
-def _check_rank(tensor, rank, argument, owner, layout):
-    if tensor.shape.rank is not None and tensor.shape.rank != rank:
-        raise ValueError(f"{owner}: `{argument}` must be {layout} (rank {rank}), got shape "
-                         f"{tensor.shape}.")
-
-
-def _check_same_batch(owner, *named):
-    """Static check where batch sizes are known, runtime asserts for the rest."""
-    contract.check_same_dims({f"`{name}`": contract.static_dim(t, 0) for name, t in named},
-                             "batch sizes", owner)
-    (first_name, first), rest = named[0], named[1:]
-    return [tf.debugging.assert_equal(
-        tf.shape(first)[0], tf.shape(t)[0],
-        message=f"{owner}: mismatched batch sizes of `{first_name}` and `{name}`")
-        for name, t in rest]
-
-
-def _check_u_plus_one(labels, tensor, axis, argument, owner):
-    """`tensor.shape[axis]` == U + 1 for `[B, U]` labels: a ValueError now when both are static,
-    else the returned run-time assertion."""
-    num_labels, num_nodes = contract.static_dim(labels, 1), contract.static_dim(tensor, axis)
-    what = f"`{argument}` must have U+1 entries on axis {axis} for labels of length U"
-    if num_labels is not None and num_nodes is not None and num_nodes != num_labels + 1:
-        raise ValueError(f"{owner}: {what}; got U = {num_labels} and shape {tensor.shape}.")
-    return tf.debugging.assert_equal(tf.shape(tensor)[axis], tf.shape(labels)[1] + 1,
-                                     message=f"{owner}: {what}")
-
-
-def _labels_as_int(labels, argument, owner):
-    labels = tf.convert_to_tensor(labels)
-    if labels.dtype.is_floating:
-        # Keras hands y_true over as floats; label ids are exact in float32 below 2**24.
-        return tf.cast(tf.round(labels), tf.int32)
-    _check_rank(labels, 2, argument, owner, "[B, U] padded labels")
-    return contract.int32_tensor(labels, argument, owner, rank=2)
-
-
-def _label_lengths(labels, pad_value, blank, vocab_size, argument, owner):
-    """Label lengths from padding, labels with padding replaced by 0, and the input checks.
-
-    Args:
-      labels: `[B, U]` int32.
-      pad_value: the padding id.
-      blank: blank id (normalized, >= 0) or None when unknown.
-      vocab_size: V or None when unknown.
-
-    Returns:
-      `(clean_labels [B, U], label_lengths [B], asserts)`.
-    """
-    is_label = tf.not_equal(labels, pad_value)
-    label_lengths = tf.reduce_sum(tf.cast(is_label, tf.int32), axis=1)
-    asserts = [tf.debugging.assert_equal(
-        is_label, tf.sequence_mask(label_lengths, tf.shape(labels)[1]),
-        message=f"{owner}: `{argument}` must be padded at the end with pad_value={pad_value}, "
-                f"with no pad_value before a label")]
-    # Checked on real labels only; padded entries become 0 (any id in [0, V) would do).
-    clean = tf.where(is_label, labels, 0)
-    asserts.append(tf.debugging.assert_non_negative(
-        clean, message=f"{owner}: `{argument}` holds negative ids other than pad_value="
-                       f"{pad_value}"))
-    if vocab_size is not None:
-        asserts.append(tf.debugging.assert_less(
-            clean, tf.constant(vocab_size, tf.int32),
-            message=f"{owner}: `{argument}` holds ids >= vocab_size={vocab_size}"))
-    if blank is not None:
-        asserts.append(tf.debugging.assert_equal(
-            tf.reduce_any(is_label & tf.equal(labels, blank)), False,
-            message=f"{owner}: `{argument}` holds the blank id {blank} as a label (blank is "
-                    f"never a target; pad with pad_value={pad_value})"))
-    return clean, label_lengths, asserts
-
-
-def _frame_lengths(lengths, mask, frames, argument, owner):
-    """`[B]` frame lengths of `frames` `[B, T, ...]`: explicit `lengths`, else the Keras `mask`,
-    else T; and their checks."""
-    num_frames = tf.shape(frames)[1]
-    if lengths is not None:
-        lengths = contract.int32_tensor(lengths, "logit_lengths", owner, rank=1)
-        return lengths, _check_same_batch(owner, (argument, frames), ("logit_lengths", lengths)) + [
-            tf.debugging.assert_non_negative(lengths, message=f"{owner}: negative logit_lengths"),
-            tf.debugging.assert_less_equal(
-                lengths, num_frames,
-                message=f"{owner}: logit_lengths exceed the frames of `{argument}`")]
-    if mask is not None:
-        mask = tf.cast(mask, tf.bool)
-        lengths = tf.reduce_sum(tf.cast(mask, tf.int32), axis=1)
-        return lengths, [tf.debugging.assert_equal(
-            mask, tf.sequence_mask(lengths, num_frames),
-            message=f"{owner}: the Keras mask of `{argument}` must mark a prefix of the frames "
-                    f"(padding at the end)")]
-    return tf.fill([tf.shape(frames)[0]], num_frames), []
-
-
-def _missing_lengths_error(argument, owner, how):
-    return ValueError(
-        f"{owner}: no frame lengths for `{argument}`: {how} Layers that change the number of "
-        f"frames (Conv1D, pooling) drop the Keras mask; compute the lengths after them with "
-        f"tf_rnnt.keras.conv_output_lengths. If every frame of every sample is valid (no "
-        f"padding), pass all_frames_valid=True.")
-
-
-def _check_pad_value(pad_value, blank, vocab_size, owner):
-    if int(pad_value) != pad_value:
-        raise ValueError(f"{owner}: pad_value must be an integer, got {pad_value!r}.")
-    pad_value = int(pad_value)
-    if vocab_size is not None and 0 <= pad_value < vocab_size and pad_value != blank:
-        raise ValueError(f"{owner}: pad_value={pad_value} is a label id in [0, {vocab_size}); "
-                         f"pad with a negative id (default -1) or with the blank ({blank}).")
-    return pad_value
-
-
-# ----------------------------------------------------------------------------------------------
 # The layer.
 # ----------------------------------------------------------------------------------------------
 @keras.saving.register_keras_serializable(package="tf_rnnt")
@@ -291,7 +180,7 @@ class RNNTJoint(keras.layers.Layer):
         self.mode = mode
         self.tile_size = tile_size
         self.memory_budget = memory_budget
-        self.pad_value = _check_pad_value(pad_value, self._blank_id, vocab_size, owner)
+        self.pad_value = check_pad_value(pad_value, self._blank_id, vocab_size, owner)
         self.all_frames_valid = bool(all_frames_valid)
         self.supports_masking = True  # reads the mask of encoder_out; its output has none
         # The compiled ops have no XLA kernels: keep Keras from auto-enabling jit_compile.
@@ -352,7 +241,7 @@ class RNNTJoint(keras.layers.Layer):
         lengths = inputs[3] if len(inputs) == 4 else None
         encoder_mask = mask[0] if isinstance(mask, (list, tuple)) else None
         if lengths is None and encoder_mask is None and not self.all_frames_valid:
-            raise _missing_lengths_error(
+            raise missing_lengths_error(
                 "encoder_out", "RNNTJoint", "pass them as the 4th input, joint([encoder_out, predictor_out, "
                 "labels, logit_lengths]), or give `encoder_out` a Keras mask "
                 "(tf_rnnt.keras.LengthMask).")
@@ -363,19 +252,19 @@ class RNNTJoint(keras.layers.Layer):
         (encoder_out, predictor_out, labels), lengths, encoder_mask = self._split(inputs, mask)
         encoder_out, predictor_out = tf.convert_to_tensor(encoder_out), tf.convert_to_tensor(
             predictor_out)
-        _check_rank(encoder_out, 3, "encoder_out", owner, "[B, T, D_enc]")
-        _check_rank(predictor_out, 3, "predictor_out", owner, "[B, U+1, D_pred]")
+        check_rank(encoder_out, 3, "encoder_out", owner, "[B, T, D_enc]")
+        check_rank(predictor_out, 3, "predictor_out", owner, "[B, U+1, D_pred]")
         labels = tf.convert_to_tensor(labels)
         if labels.dtype.is_floating:
             raise ValueError(f"{owner}: `labels` must be an integer tensor, got dtype "
                              f"{labels.dtype.name} (declare keras.Input(..., dtype='int32')).")
-        labels = _labels_as_int(labels, "labels", owner)
-        asserts = _check_same_batch(owner, ("encoder_out", encoder_out),
+        labels = labels_as_int(labels, "labels", owner)
+        asserts = check_same_batch(owner, ("encoder_out", encoder_out),
                                     ("predictor_out", predictor_out), ("labels", labels))
-        asserts.append(_check_u_plus_one(labels, predictor_out, 1, "predictor_out", owner))
-        logit_lengths, checks = _frame_lengths(lengths, encoder_mask, encoder_out,
+        asserts.append(check_u_plus_one(labels, predictor_out, 1, "predictor_out", owner))
+        logit_lengths, checks = frame_lengths_of(lengths, encoder_mask, encoder_out,
                                                "encoder_out", owner)
-        clean_labels, label_lengths, more = _label_lengths(
+        clean_labels, label_lengths, more = label_lengths_of(
             labels, self.pad_value, self._blank_id, self.vocab_size, "labels", owner)
 
         with tf.control_dependencies(asserts + checks + more):
@@ -521,16 +410,16 @@ class FlashRNNTLoss(_TransducerLoss):
     def call(self, y_true, y_pred):
         owner = type(self).__name__
         lattice = tf.convert_to_tensor(y_pred)
-        _check_rank(lattice, 4, "y_pred", owner, "the [B, T, U+1, 2] lattice from RNNTJoint")
+        check_rank(lattice, 4, "y_pred", owner, "the [B, T, U+1, 2] lattice from RNNTJoint")
         if contract.static_dim(lattice, 3) not in (None, 2):
             raise ValueError(f"{owner}: `y_pred` must be the [B, T, U+1, 2] lattice from "
                              f"RNNTJoint, got shape {lattice.shape}; for [B, T, U+1, V] logits "
                              f"use tf_rnnt.keras.RNNTLoss.")
         lattice = tf.cast(lattice, tf.float32)
-        labels = _labels_as_int(y_true, "y_true", owner)
-        _check_rank(labels, 2, "y_true", owner, "[B, U] padded labels")
-        asserts = _check_same_batch(owner, ("y_true", labels), ("y_pred", lattice))
-        asserts += [_check_u_plus_one(labels, lattice, 2, "y_pred", owner),
+        labels = labels_as_int(y_true, "y_true", owner)
+        check_rank(labels, 2, "y_true", owner, "[B, U] padded labels")
+        asserts = check_same_batch(owner, ("y_true", labels), ("y_pred", lattice))
+        asserts += [check_u_plus_one(labels, lattice, 2, "y_pred", owner),
                     tf.debugging.assert_equal(tf.shape(lattice)[3], 2, message=(
                         f"{owner}: `y_pred` must be a [B, T, U+1, 2] lattice"))]
         logit_lengths, label_lengths = lattice_lengths(lattice)
@@ -612,24 +501,24 @@ class RNNTLoss(_TransducerLoss):
     def _costs(self, y_true, y_pred, frame_mask):
         owner = type(self).__name__
         logits = tf.convert_to_tensor(y_pred)
-        _check_rank(logits, 4, "y_pred", owner, "[B, T, U+1, V] logits")
+        check_rank(logits, 4, "y_pred", owner, "[B, T, U+1, V] logits")
         vocab_size = contract.static_dim(logits, 3)
         if vocab_size is None:
             raise ValueError(f"{owner}: the vocabulary dimension of `y_pred` must be known.")
         if logits.dtype not in contract.FLOAT_DTYPES:
             logits = tf.cast(logits, tf.float32)
         blank = contract.check_blank(self.blank, owner, vocab_size) % vocab_size
-        _check_pad_value(self.pad_value, blank, vocab_size, owner)
-        labels = _labels_as_int(y_true, "y_true", owner)
-        _check_rank(labels, 2, "y_true", owner, "[B, U] padded labels")
-        asserts = _check_same_batch(owner, ("y_true", labels), ("y_pred", logits))
-        asserts.append(_check_u_plus_one(labels, logits, 2, "y_pred", owner))
-        clean_labels, label_lengths, checks = _label_lengths(
+        check_pad_value(self.pad_value, blank, vocab_size, owner)
+        labels = labels_as_int(y_true, "y_true", owner)
+        check_rank(labels, 2, "y_true", owner, "[B, U] padded labels")
+        asserts = check_same_batch(owner, ("y_true", labels), ("y_pred", logits))
+        asserts.append(check_u_plus_one(labels, logits, 2, "y_pred", owner))
+        clean_labels, label_lengths, checks = label_lengths_of(
             labels, self.pad_value, blank, vocab_size, "y_true", owner)
         if frame_mask is None and not self.all_frames_valid:
-            raise _missing_lengths_error("y_pred", owner, "give the logits the Keras mask of the "
+            raise missing_lengths_error("y_pred", owner, "give the logits the Keras mask of the "
                                          "encoder output (tf_rnnt.keras.LengthMask).")
-        logit_lengths, frame_checks = _frame_lengths(None, frame_mask, logits, "y_pred", owner)
+        logit_lengths, frame_checks = frame_lengths_of(None, frame_mask, logits, "y_pred", owner)
         with tf.control_dependencies(asserts + checks + frame_checks):
             costs = _ops().rnnt_loss(logits, clean_labels, logit_lengths, label_lengths,
                                      blank=blank, fastemit_lambda=self.fastemit_lambda,
