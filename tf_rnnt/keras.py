@@ -35,9 +35,10 @@ import keras
 import tensorflow as tf
 
 from tf_rnnt import _contract as contract
-from tf_rnnt._keras_checks import (check_pad_value, check_rank, check_same_batch,
-                                   check_u_plus_one, frame_lengths_of, label_lengths_of,
-                                   labels_as_int, missing_lengths_error)
+from tf_rnnt._keras_checks import check_pad_value as _check_pad_value
+from tf_rnnt._keras_checks import (check_rank, check_same_batch, check_u_plus_one,
+                                   frame_lengths_of, label_lengths_of, labels_as_int,
+                                   missing_lengths_error)
 from tf_rnnt._keras_lengths import LengthMask, PredictorInput, conv_output_lengths
 
 __all__ = ["RNNTJoint", "FlashRNNTLoss", "RNNTLoss", "PredictorInput", "LengthMask",
@@ -177,12 +178,12 @@ class RNNTJoint(keras.layers.Layer):
                                                 owner)
         self.blank = contract.check_blank(blank, owner, vocab_size)
         self._blank_id = self.blank % vocab_size
+        self.all_frames_valid = bool(all_frames_valid)
+        self.supports_masking = True  # reads the mask of encoder_out; its output has none
         self.mode = mode
         self.tile_size = tile_size
         self.memory_budget = memory_budget
-        self.pad_value = check_pad_value(pad_value, self._blank_id, vocab_size, owner)
-        self.all_frames_valid = bool(all_frames_valid)
-        self.supports_masking = True  # reads the mask of encoder_out; its output has none
+        self.pad_value = _check_pad_value(pad_value, self._blank_id, vocab_size, "RNNTJoint")
         # The compiled ops have no XLA kernels: keep Keras from auto-enabling jit_compile.
         self.supports_jit = False
 
@@ -508,7 +509,7 @@ class RNNTLoss(_TransducerLoss):
         if logits.dtype not in contract.FLOAT_DTYPES:
             logits = tf.cast(logits, tf.float32)
         blank = contract.check_blank(self.blank, owner, vocab_size) % vocab_size
-        check_pad_value(self.pad_value, blank, vocab_size, owner)
+        _check_pad_value(self.pad_value, blank, vocab_size, owner)
         labels = labels_as_int(y_true, "y_true", owner)
         check_rank(labels, 2, "y_true", owner, "[B, U] padded labels")
         asserts = check_same_batch(owner, ("y_true", labels), ("y_pred", logits))
