@@ -101,15 +101,15 @@ def _worker(kind, out):
     strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops)
     examples = tk.make_examples(4, seed=22)
     results = {"num_replicas": strategy.num_replicas_in_sync, "cases": []}
-    weights = np.array([0.5, 2.0, 1.0, 0.25], np.float32)
+    sample_weights = np.array([0.5, 2.0, 1.0, 0.25], np.float32)
     # The global batch of 4 splits into samples [0, 1] and [2, 3], one pair per replica.
     label_counts = [sum(len(labels) for _, labels in examples[:2]),
                     sum(len(labels) for _, labels in examples[2:])]
     for name, weights, reduction in [
             ("unweighted", None, "sum_over_batch_size"),
-            ("weighted", weights, "sum_over_batch_size"),
+            ("weighted", sample_weights, "sum_over_batch_size"),
             ("per_token-unweighted", None, "per_token"),
-            ("per_token-weighted", weights, "per_token")]:
+            ("per_token-weighted", sample_weights, "per_token")]:
         dataset = tk.make_dataset(examples, batch_size=4, weights=weights)  # one global batch
         with tf.device(devices[0]):
             single_model, _ = tk.build_transducer(seed=5)

@@ -243,9 +243,9 @@ class RNNTJoint(keras.layers.Layer):
         encoder_mask = mask[0] if isinstance(mask, (list, tuple)) else None
         if lengths is None and encoder_mask is None and not self.all_frames_valid:
             raise missing_lengths_error(
-                "encoder_out", "RNNTJoint", "pass them as the 4th input, joint([encoder_out, predictor_out, "
-                "labels, logit_lengths]), or give `encoder_out` a Keras mask "
-                "(tf_rnnt.keras.LengthMask).")
+                "encoder_out", "RNNTJoint",
+                "pass them as the 4th input, joint([encoder_out, predictor_out, labels, "
+                "logit_lengths]), or give `encoder_out` a Keras mask (tf_rnnt.keras.LengthMask).")
         return inputs[:3], lengths, encoder_mask
 
     def call(self, inputs, mask=None):
@@ -438,11 +438,11 @@ class FlashRNNTLoss(_TransducerLoss):
             code = lattice[:, :, -1, 1] - _BLANK_CODE
             has_code = code > -_PAD_THRESHOLD
             layer_blank = tf.where(has_code, tf.cast(tf.round(code), tf.int32), self.blank)
+            message = (f"{owner}: FlashRNNTLoss(blank={self.blank}) differs from the blank of "
+                       f"the RNNTJoint that built `y_pred`. Set blank and pad_value once, on "
+                       f"RNNTJoint, and compile with joint.loss(). RNNTJoint blank id:")
             asserts.append(tf.debugging.Assert(tf.reduce_all(layer_blank == self.blank), [
-                f"{owner}: FlashRNNTLoss(blank={self.blank}) differs from the blank of the "
-                f"RNNTJoint that built `y_pred`. Set blank and pad_value once, on RNNTJoint, and "
-                f"compile with joint.loss(). RNNTJoint blank id:",
-                tf.reduce_max(tf.where(layer_blank == self.blank, -1, layer_blank))]))
+                message, tf.reduce_max(tf.where(layer_blank == self.blank, -1, layer_blank))]))
         with tf.control_dependencies(asserts):
             lattice = tf.where(lattice > _PAD_THRESHOLD, tf.zeros_like(lattice), lattice)
             costs = _ops().lattice_loss(lattice, logit_lengths, label_lengths,
@@ -475,7 +475,7 @@ class RNNTLoss(_TransducerLoss):
     Example:
 
     ```python
-    model.compile(optimizer="adam", loss=tf_rnnt.keras.RNNTLoss(), jit_compile=False)
+    model.compile(optimizer="adam", loss=tf_rnnt.keras.RNNTLoss())
     ```
     """
 
