@@ -8,7 +8,6 @@ hook that runs when Keras' own import finishes.
 """
 
 import importlib.abc
-import importlib.util
 import sys
 import warnings
 
@@ -21,19 +20,31 @@ def _register():
 
 
 class _AfterKerasImport(importlib.abc.MetaPathFinder):
-    """Wraps Keras' loader so that `_register` runs once Keras is fully imported."""
+    """Wraps Keras' loader so that `_register` runs once Keras is fully imported.
+
+    It stays on `sys.meta_path` until then: a `find_spec("keras")` that only probes (and never
+    executes the module) must not use it up.
+    """
 
     def find_spec(self, fullname, path, target=None):
         if fullname != "keras":
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         exec_module = spec.loader.exec_module
 
         def exec_then_register(module):
             exec_module(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
             _register()
 
         spec.loader.exec_module = exec_then_register
