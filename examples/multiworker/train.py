@@ -302,7 +302,8 @@ def sharded_dataset_fn(features, labels, global_batch_size):
 
 def run_small(args):
     """Trains the small transducer for `args.steps` steps under the strategy `TF_CONFIG` (or
-    its absence) gives; writes losses and final weights to `args.out` (JSON) from worker 0."""
+    its absence) gives; worker 0 writes the losses, initial and final weights to `args.out`
+    (JSON)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
@@ -314,9 +315,11 @@ def run_small(args):
     with strategy.scope():
         model = build_small_transducer(seed=args.seed)
         optimizer = keras.optimizers.Adam(args.learning_rate)
+    initial = [w.numpy().tolist() for w in model.weights]
     trainer = DistributedTrainer(strategy, model, optimizer, args.global_batch)
     losses = trainer.fit(sharded_dataset_fn(features, labels, args.global_batch), args.steps)
     result = {"num_replicas": strategy.num_replicas_in_sync, "losses": losses,
+              "initial_weights": initial,
               "weights": [w.numpy().tolist() for w in model.weights],
               "paths": [w.path for w in model.weights]}
     task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
