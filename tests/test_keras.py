@@ -16,7 +16,7 @@ import tensorflow as tf
 import oracle
 import tf_rnnt
 from tf_rnnt import reference
-from tf_rnnt.keras import PAD_NODE_VALUE, FlashRNNTLoss, RNNTJoint, RNNTLoss
+from tf_rnnt.keras import PAD_NODE_VALUE, FlashRNNTLoss, PredictorInput, RNNTJoint, RNNTLoss
 
 VOCAB = 7  # blank 0 + 6 labels
 FEATURES = 5
@@ -29,27 +29,6 @@ PAD = -1
 # ----------------------------------------------------------------------------------------------
 # A small transducer and its data (shared with test_keras_distributed.py).
 # ----------------------------------------------------------------------------------------------
-@keras.saving.register_keras_serializable(package="tf_rnnt_tests")
-class PredictorInput(keras.layers.Layer):
-    """[B, U] padded labels -> [B, U+1] predictor ids: blank first, padding replaced by blank."""
-
-    def __init__(self, blank=0, **kwargs):
-        super().__init__(**kwargs)
-        self.blank = blank
-
-    def call(self, labels):
-        labels = tf.where(labels < 0, self.blank, labels)
-        start = tf.fill([tf.shape(labels)[0], 1], tf.constant(self.blank, labels.dtype))
-        return tf.concat([start, labels], axis=1)
-
-    def compute_output_shape(self, input_shape):
-        steps = None if input_shape[1] is None else input_shape[1] + 1
-        return (input_shape[0], steps)
-
-    def get_config(self):
-        return {**super().get_config(), "blank": self.blank}
-
-
 @keras.saving.register_keras_serializable(package="tf_rnnt_tests")
 class LogitsHead(keras.layers.Layer):
     """Full logits from an RNNTJoint's weights (`joint.logits`), keeping the frame mask."""
@@ -231,17 +210,23 @@ def test_lattice_matches_oracle_and_marks_padding(device, mode):
     # PAD (-1) is outside [0, V): the oracle's label channel is 0 there, as at u = label_length.
     expected = oracle.lattice_from_logits(_oracle_joint(joint, encoder_out, predictor_out),
                                           labels)
-    valid = oracle.valid_node_mask(6, 5, frame_lengths, label_lengths)
-    np.testing.assert_allclose(lattice[valid], expected[valid], rtol=1e-5, atol=1e-5)
-    np.testing.assert_array_equal(lattice[~valid], PAD_NODE_VALUE)
+    valid = np.repeat(oracle.valid_node_mask(6, 5, frame_lengths, label_lengths)[..., None], 2,
+                      axis=-1)
+    # The label channel at u = U, never read by the loss, holds 2 + blank on every frame.
+    np.testing.assert_array_equal(lattice[:, :, -1, 1], 2.0)
+    is_code = np.zeros(lattice.shape, bool)
+    is_code[:, :, -1, 1] = True
+    np.testing.assert_allclose(lattice[valid & ~is_code], expected[valid & ~is_code], rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_array_equal(lattice[~valid & ~is_code], PAD_NODE_VALUE)
     np.testing.assert_array_equal(read_frames, frame_lengths)
     np.testing.assert_array_equal(read_labels, label_lengths)
 
 
-def test_lattice_without_mask_uses_all_frames():
+def test_lattice_with_all_frames_valid_uses_all_frames():
     rng = np.random.default_rng(2)
     encoder_out, predictor_out, labels, _, _, label_lengths = _random_joint_inputs(rng)
-    lattice = RNNTJoint(VOCAB, UNITS)([encoder_out, predictor_out, labels])
+    lattice = RNNTJoint(VOCAB, UNITS, all_frames_valid=True)([encoder_out, predictor_out, labels])
     frames, read_labels = tf_rnnt.keras.lattice_lengths(lattice)
     np.testing.assert_array_equal(frames, [6, 6, 6])
     np.testing.assert_array_equal(read_labels, label_lengths)
@@ -325,17 +310,6 @@ def test_flash_loss_fastemit_and_clamp_gradients_match_oracle():
     np.testing.assert_allclose(grad, expected_grad, rtol=1e-5, atol=1e-6)
 
 
-def test_flash_loss_keras_mask_on_y_pred_removes_frames():
-    lattice, labels, _ = _lattice_problem(6)
-    frame_mask = np.array([[1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0]], bool)
-    masked = tf.identity(lattice)
-    masked._keras_mask = tf.constant(frame_mask)
-    costs = FlashRNNTLoss(reduction="none")(labels, masked)
-    real = np.where(lattice.numpy() > 0.5, 0.0, lattice.numpy())
-    expected, _ = oracle.lattice_loss(real, [3, 2, 3], [4, 0, 2])
-    np.testing.assert_allclose(costs, expected, rtol=1e-5)
-
-
 def _with_mask(x, frame_lengths):
     x = tf.identity(x)
     x._keras_mask = tf.sequence_mask(frame_lengths, x.shape[1])
@@ -356,7 +330,8 @@ def test_rnnt_loss_on_logits_matches_oracle(device, with_mask):
         with tf.GradientTape() as tape:
             # The frame lengths come from y_pred's Keras mask, or are all T without one.
             y_pred = _with_mask(logits_var, frame_lengths) if with_mask else logits_var
-            loss = RNNTLoss()(labels.astype(np.float32), y_pred, sample_weight=weights)
+            loss = RNNTLoss(all_frames_valid=not with_mask)(labels.astype(np.float32), y_pred,
+                                                            sample_weight=weights)
         grad = tape.gradient(loss, logits_var)
     costs, expected_grad = oracle.rnnt_loss(logits, np.where(labels == PAD, 0, labels),
                                             frame_lengths, label_lengths,
@@ -497,7 +472,8 @@ def _joint_call(labels, batch_enc=2, batch_pred=2, num_labels=3):
     encoder_out = rng.normal(size=(batch_enc, 4, ENCODER_DIM)).astype(np.float32)
     predictor_out = rng.normal(size=(batch_pred, num_labels + 1, PREDICTOR_DIM)).astype(
         np.float32)
-    return RNNTJoint(VOCAB, UNITS)([encoder_out, predictor_out, np.asarray(labels, np.int32)])
+    return RNNTJoint(VOCAB, UNITS, all_frames_valid=True)(
+        [encoder_out, predictor_out, np.asarray(labels, np.int32)])
 
 
 @pytest.mark.parametrize("labels, pattern", [
@@ -512,7 +488,7 @@ def test_joint_rejects_bad_labels(labels, pattern):
 
 
 def test_joint_rejects_bad_labels_inside_tf_function():
-    joint = RNNTJoint(VOCAB, UNITS)
+    joint = RNNTJoint(VOCAB, UNITS, all_frames_valid=True)
     encoder_out = tf.zeros([2, 4, ENCODER_DIM])
     predictor_out = tf.zeros([2, 3, PREDICTOR_DIM])
     joint([encoder_out, predictor_out, tf.ones([2, 2], tf.int32)])
@@ -533,8 +509,9 @@ def test_joint_rejects_mismatched_batch_and_shapes():
     with pytest.raises(ValueError, match=r"predictor_out.*U\+1"):
         _joint_call([[1, 2, 3], [1, PAD, PAD]], num_labels=4)
     with pytest.raises(ValueError, match=r"labels.*integer"):
-        RNNTJoint(VOCAB, UNITS)([np.zeros((2, 4, 3), np.float32), np.zeros((2, 3, 3), np.float32),
-                                 np.ones((2, 2), np.float32)])
+        RNNTJoint(VOCAB, UNITS, all_frames_valid=True)(
+            [np.zeros((2, 4, 3), np.float32), np.zeros((2, 3, 3), np.float32),
+             np.ones((2, 2), np.float32)])
     with pytest.raises(ValueError, match="pad_value"):
         RNNTJoint(VOCAB, UNITS, pad_value=3)
 
@@ -546,20 +523,18 @@ def test_losses_reject_bad_y_pred_and_y_true():
         FlashRNNTLoss()(labels, logits)
     with pytest.raises(ValueError, match=r"y_pred.*lattice"):
         FlashRNNTLoss()(labels, tf.zeros([3, 6, 2]))
-    with pytest.raises(ValueError, match=r"y_pred.*FlashRNNTLoss"):
-        RNNTLoss()(labels, lattice)
     with pytest.raises(ValueError, match=r"batch sizes.*y_true.*y_pred"):
         FlashRNNTLoss()(labels[:2], lattice)
     with pytest.raises(ValueError, match=r"y_pred.*U\+1"):
         FlashRNNTLoss()(labels[:, :3], lattice)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"y_true.*blank"):
-        FlashRNNTLoss()(np.where(labels == PAD, 0, labels), lattice)
+        RNNTLoss()(np.array([[1, 0, PAD]] * 3), tf.zeros([3, 6, 4, VOCAB]))
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"y_true.*>= vocab_size"):
         RNNTLoss()(np.array([[1, VOCAB, PAD]] * 3), tf.zeros([3, 6, 4, VOCAB]))
     # Label lengths that disagree with the layer's marking (sample 1 has no label there).
     longer = labels.copy()
     longer[1, 0] = 3
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"y_true.*disagree.*pad_value"):
-        FlashRNNTLoss()(longer, lattice)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"y_true.*pad_value.*disagree"):
+        FlashRNNTLoss(pad_value=PAD)(longer, lattice)
     with pytest.raises(ValueError, match="pad_value"):
-        FlashRNNTLoss(pad_value=3)
+        FlashRNNTLoss(blank=0, pad_value=3)

@@ -32,8 +32,10 @@ def _run_worker(kind, tmp_path):
 
 def _check(results):
     assert results["num_replicas"] == 2
-    assert len(results["cases"]) == 2
+    assert len(results["cases"]) == 4
     for case in results["cases"]:
+        # Replicas with different label counts: a per-replica normalisation would differ.
+        assert len(set(case["replica_label_counts"])) == 2, case["replica_label_counts"]
         name = case["name"]
         single, mirrored = case["single"], case["mirrored"]
         np.testing.assert_allclose(mirrored["loss"], single["loss"], rtol=1e-5, err_msg=name)
@@ -79,12 +81,11 @@ def _devices(kind):
     return ["/gpu:0", "/gpu:1"], tf.distribute.ReductionToOneDevice("/gpu:0")
 
 
-def _fit_one_step(model, dataset):
+def _fit_one_step(model, dataset, reduction):
     import test_keras as tk
-    from tf_rnnt.keras import FlashRNNTLoss
 
     recorder = tk.GradientRecorder()
-    model.compile(optimizer=recorder, loss=FlashRNNTLoss())
+    model.compile(optimizer=recorder, loss=model.get_layer("joint").loss(reduction=reduction))
     history = model.fit(dataset, epochs=1, verbose=0)
     return {"loss": history.history["loss"][0],
             "gradients": [g.numpy().tolist() for g in recorder.gradients]}
@@ -98,19 +99,27 @@ def _worker(kind, out):
     tf.config.experimental.enable_tensor_float_32_execution(False)  # exact GEMMs on GPUs
 
     strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=cross_device_ops)
-    examples = tk.make_examples(4, seed=21)
+    examples = tk.make_examples(4, seed=22)
     results = {"num_replicas": strategy.num_replicas_in_sync, "cases": []}
-    for name, weights in [("unweighted", None),
-                          ("weighted", np.array([0.5, 2.0, 1.0, 0.25], np.float32))]:
+    weights = np.array([0.5, 2.0, 1.0, 0.25], np.float32)
+    # The global batch of 4 splits into samples [0, 1] and [2, 3], one pair per replica.
+    label_counts = [sum(len(labels) for _, labels in examples[:2]),
+                    sum(len(labels) for _, labels in examples[2:])]
+    for name, weights, reduction in [
+            ("unweighted", None, "sum_over_batch_size"),
+            ("weighted", weights, "sum_over_batch_size"),
+            ("per_token-unweighted", None, "per_token"),
+            ("per_token-weighted", weights, "per_token")]:
         dataset = tk.make_dataset(examples, batch_size=4, weights=weights)  # one global batch
         with tf.device(devices[0]):
             single_model, _ = tk.build_transducer(seed=5)
-            single = _fit_one_step(single_model, dataset)
+            single = _fit_one_step(single_model, dataset, reduction)
         with strategy.scope():
             mirrored_model, _ = tk.build_transducer(seed=6)
             mirrored_model.set_weights(single_model.get_weights())
-            mirrored = _fit_one_step(mirrored_model, dataset)
+            mirrored = _fit_one_step(mirrored_model, dataset, reduction)
         results["cases"].append({"name": name, "single": single, "mirrored": mirrored,
+                                 "replica_label_counts": label_counts,
                                  "paths": [v.path for v in single_model.trainable_variables]})
     with open(out, "w") as f:
         json.dump(results, f)

@@ -10,6 +10,8 @@ Public API:
 
 import importlib
 
+from tf_rnnt import _keras_registration  # noqa: F401  (Keras can load tf_rnnt classes)
+
 __version__ = "0.1.0"
 
 _LAZY = {

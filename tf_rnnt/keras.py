@@ -1,29 +1,30 @@
-"""Keras 3 API: the `RNNTJoint` layer and the `FlashRNNTLoss` / `RNNTLoss` losses.
+"""Keras 3 API: the `RNNTJoint` layer, the `FlashRNNTLoss` / `RNNTLoss` losses and the length
+utilities `conv_output_lengths`, `LengthMask` and `PredictorInput`.
 
-A transducer trained with Keras ends in an `RNNTJoint` layer and is compiled with
-`FlashRNNTLoss`:
+A transducer trained with Keras ends in an `RNNTJoint` layer and is compiled with the loss the
+layer hands out, so blank and label padding are set once:
 
 ```python
 joint = tf_rnnt.keras.RNNTJoint(vocab_size=V, units=320)
-lattice = joint([encoder_out, predictor_out, labels])   # [B, T, U+1, 2], never [B, T, U+1, V]
-model = keras.Model([features, labels], lattice)
-model.compile(optimizer="adam", loss=tf_rnnt.keras.FlashRNNTLoss())
-model.fit(dataset)  # elements ((features, labels), labels), labels padded with -1
+lattice = joint([encoder_out, predictor_out, labels, frame_lengths])   # [B, T, U+1, 2]
+model = keras.Model([features, feature_lengths, labels], lattice)
+model.compile(optimizer="adam", loss=joint.loss())
 ```
 
 Lengths:
-  * Frame lengths come from the Keras mask of `encoder_out` (e.g. a `keras.layers.Masking`
-    in front of a masking-aware encoder); without a mask every frame is valid.
-  * Label lengths come from padding: every label entry equal to `pad_value` (default -1) is
-    padding, and padding must sit at the end of each row.
+  * Frame lengths of `encoder_out`: the optional 4th input of `RNNTJoint` (after subsampling:
+    `conv_output_lengths`), else the Keras mask of `encoder_out`. With neither, `RNNTJoint`
+    raises unless built with `all_frames_valid=True`.
+  * Label lengths come from padding: label entries equal to `pad_value` (default -1) are
+    padding, at the end of each row.
 
-The padded-node convention (how the loss learns the frame lengths): `RNNTJoint` writes
+The padded-node convention (how the loss gets the lengths): `RNNTJoint` writes
 `PAD_NODE_VALUE` (+1.0) into both channels of every lattice node outside a sample's valid
 rectangle (`t >= logit_length` or `u > label_length`). Real nodes hold log-probabilities, which
-are never positive, so the marking is unambiguous. `FlashRNNTLoss` reads the frame lengths back
-from it (`lattice_lengths`) and checks that the label lengths it marks agree with the padding of
-`y_true`. Lattices built without `RNNTJoint` (e.g. with `tf_rnnt.joint_lattice`) can be marked
-with `mark_lattice_padding`.
+are never positive, so the marking is unambiguous; `FlashRNNTLoss` reads the lengths back
+(`lattice_lengths`). The label channel of the last node column (`u = U`), never read by the
+loss, holds `2 + blank`, so a loss given another blank fails. Lattices built without
+`RNNTJoint` (e.g. with `tf_rnnt.joint_lattice`) are marked with `mark_lattice_padding`.
 
 XLA: the compiled ops have no XLA kernels, so `RNNTJoint` sets `supports_jit = False` (Keras
 then never auto-enables `jit_compile` for a model containing it). A model trained with
@@ -33,16 +34,23 @@ then never auto-enables `jit_compile` for a model containing it). A model traine
 import keras
 import tensorflow as tf
 
-__all__ = ["RNNTJoint", "FlashRNNTLoss", "RNNTLoss", "mark_lattice_padding", "lattice_lengths",
-           "PAD_NODE_VALUE"]
+from tf_rnnt import _contract as contract
+from tf_rnnt._keras_lengths import LengthMask, PredictorInput, conv_output_lengths
+
+__all__ = ["RNNTJoint", "FlashRNNTLoss", "RNNTLoss", "PredictorInput", "LengthMask",
+           "conv_output_lengths", "mark_lattice_padding", "lattice_lengths", "PAD_NODE_VALUE"]
 
 # Written into lattice nodes outside a sample's rectangle: log-probabilities are <= 0.
 PAD_NODE_VALUE = 1.0
 # Anything above this is a padded node; NaN compares False and so stays a real node.
 _PAD_THRESHOLD = 0.5
+# The blank code in the label channel at u = U is _BLANK_CODE + blank (above any marking).
+_BLANK_CODE = 2.0
 
 _ACTIVATIONS = {"tanh": tf.tanh, "relu": tf.nn.relu, "identity": tf.identity}
-_REDUCTIONS = ("sum_over_batch_size", "sum", "mean", "mean_with_sample_weight", "none", None)
+_KERAS_REDUCTIONS = ("sum_over_batch_size", "sum", "mean", "mean_with_sample_weight", "none",
+                     None)
+_REDUCTIONS = _KERAS_REDUCTIONS + ("per_token",)
 
 
 def _ops():
@@ -66,6 +74,14 @@ def mark_lattice_padding(lattice, logit_lengths, label_lengths):
     Returns:
       `[B, T, U+1, 2]` float32: `lattice` on nodes `t < logit_lengths[b]`,
       `u <= label_lengths[b]`, `PAD_NODE_VALUE` (with zero gradient) elsewhere.
+
+    Example:
+
+    ```python
+    lattice = tf_rnnt.logits_to_lattice(logits, labels)
+    y_pred = tf_rnnt.keras.mark_lattice_padding(lattice, logit_lengths, label_lengths)
+    costs = tf_rnnt.keras.FlashRNNTLoss(reduction="none")(padded_labels, y_pred)
+    ```
     """
     lattice = tf.convert_to_tensor(lattice, tf.float32)
     shape = tf.shape(lattice)
@@ -94,46 +110,16 @@ def lattice_lengths(lattice):
 # ----------------------------------------------------------------------------------------------
 # Shared checks.
 # ----------------------------------------------------------------------------------------------
-def _static_dim(tensor, axis):
-    return tensor.shape[axis] if tensor.shape.rank is not None else None
-
-
 def _check_rank(tensor, rank, argument, owner, layout):
     if tensor.shape.rank is not None and tensor.shape.rank != rank:
         raise ValueError(f"{owner}: `{argument}` must be {layout} (rank {rank}), got shape "
                          f"{tensor.shape}.")
 
 
-def _labels_for(y_true, y_pred, owner):
-    """`y_true` as [B, U] int32 labels for `y_pred` of shape [B, T, U+1, ...], and the run-time
-    checks of that agreement."""
-    labels = _labels_as_int(y_true, "y_true", owner)
-    _check_rank(labels, 2, "y_true", owner, "[B, U] padded labels")
-    asserts = _check_same_batch(owner, ("y_true", labels), ("y_pred", y_pred))
-    asserts.append(_check_u_plus_one(
-        labels, y_pred, 2, owner,
-        static=lambda u, got: (f"`y_pred` must have U+1 = {u + 1} label nodes for `y_true` of "
-                               f"length U = {u}, got shape {y_pred.shape}."),
-        dynamic="`y_pred` must have U+1 label nodes for `y_true` of length U"))
-    return labels, asserts
-
-
-def _check_u_plus_one(labels, tensor, axis, owner, static, dynamic):
-    """`tensor.shape[axis]` == U + 1 for `[B, U]` labels: a ValueError now when both are static
-    (`static(U, got)` says what is wrong), else the returned run-time assertion (`dynamic`)."""
-    num_labels, num_nodes = _static_dim(labels, 1), _static_dim(tensor, axis)
-    if num_labels is not None and num_nodes is not None and num_nodes != num_labels + 1:
-        raise ValueError(f"{owner}: {static(num_labels, num_nodes)}")
-    return tf.debugging.assert_equal(tf.shape(tensor)[axis], tf.shape(labels)[1] + 1,
-                                     message=f"{owner}: {dynamic}")
-
-
 def _check_same_batch(owner, *named):
     """Static check where batch sizes are known, runtime asserts for the rest."""
-    known = [(name, _static_dim(t, 0)) for name, t in named if _static_dim(t, 0) is not None]
-    if len({size for _, size in known}) > 1:
-        sizes = ", ".join(f"{name}: {size}" for name, size in known)
-        raise ValueError(f"{owner}: mismatched batch sizes ({sizes}).")
+    contract.check_same_dims({f"`{name}`": contract.static_dim(t, 0) for name, t in named},
+                             "batch sizes", owner)
     (first_name, first), rest = named[0], named[1:]
     return [tf.debugging.assert_equal(
         tf.shape(first)[0], tf.shape(t)[0],
@@ -141,15 +127,24 @@ def _check_same_batch(owner, *named):
         for name, t in rest]
 
 
+def _check_u_plus_one(labels, tensor, axis, argument, owner):
+    """`tensor.shape[axis]` == U + 1 for `[B, U]` labels: a ValueError now when both are static,
+    else the returned run-time assertion."""
+    num_labels, num_nodes = contract.static_dim(labels, 1), contract.static_dim(tensor, axis)
+    what = f"`{argument}` must have U+1 entries on axis {axis} for labels of length U"
+    if num_labels is not None and num_nodes is not None and num_nodes != num_labels + 1:
+        raise ValueError(f"{owner}: {what}; got U = {num_labels} and shape {tensor.shape}.")
+    return tf.debugging.assert_equal(tf.shape(tensor)[axis], tf.shape(labels)[1] + 1,
+                                     message=f"{owner}: {what}")
+
+
 def _labels_as_int(labels, argument, owner):
     labels = tf.convert_to_tensor(labels)
     if labels.dtype.is_floating:
         # Keras hands y_true over as floats; label ids are exact in float32 below 2**24.
-        labels = tf.round(labels)
-    elif not labels.dtype.is_integer:
-        raise ValueError(f"{owner}: `{argument}` must hold integer label ids, got dtype "
-                         f"{labels.dtype.name}.")
-    return tf.cast(labels, tf.int32)
+        return tf.cast(tf.round(labels), tf.int32)
+    _check_rank(labels, 2, argument, owner, "[B, U] padded labels")
+    return contract.int32_tensor(labels, argument, owner, rank=2)
 
 
 def _label_lengths(labels, pad_value, blank, vocab_size, argument, owner):
@@ -166,9 +161,8 @@ def _label_lengths(labels, pad_value, blank, vocab_size, argument, owner):
     """
     is_label = tf.not_equal(labels, pad_value)
     label_lengths = tf.reduce_sum(tf.cast(is_label, tf.int32), axis=1)
-    prefix = tf.sequence_mask(label_lengths, tf.shape(labels)[1])
     asserts = [tf.debugging.assert_equal(
-        is_label, prefix,
+        is_label, tf.sequence_mask(label_lengths, tf.shape(labels)[1]),
         message=f"{owner}: `{argument}` must be padded at the end with pad_value={pad_value}, "
                 f"with no pad_value before a label")]
     # Checked on real labels only; padded entries become 0 (any id in [0, V) would do).
@@ -188,14 +182,33 @@ def _label_lengths(labels, pad_value, blank, vocab_size, argument, owner):
     return clean, label_lengths, asserts
 
 
-def _frame_lengths_from_mask(mask, num_frames, argument, owner):
-    mask = tf.cast(mask, tf.bool)
-    lengths = tf.reduce_sum(tf.cast(mask, tf.int32), axis=1)
-    check = tf.debugging.assert_equal(
-        mask, tf.sequence_mask(lengths, num_frames),
-        message=f"{owner}: the Keras mask of `{argument}` must mark a prefix of the frames "
-                f"(padding at the end)")
-    return lengths, [check]
+def _frame_lengths(lengths, mask, frames, argument, owner):
+    """`[B]` frame lengths of `frames` `[B, T, ...]`: explicit `lengths`, else the Keras `mask`,
+    else T; and their checks."""
+    num_frames = tf.shape(frames)[1]
+    if lengths is not None:
+        lengths = contract.int32_tensor(lengths, "logit_lengths", owner, rank=1)
+        return lengths, _check_same_batch(owner, (argument, frames), ("logit_lengths", lengths)) + [
+            tf.debugging.assert_non_negative(lengths, message=f"{owner}: negative logit_lengths"),
+            tf.debugging.assert_less_equal(
+                lengths, num_frames,
+                message=f"{owner}: logit_lengths exceed the frames of `{argument}`")]
+    if mask is not None:
+        mask = tf.cast(mask, tf.bool)
+        lengths = tf.reduce_sum(tf.cast(mask, tf.int32), axis=1)
+        return lengths, [tf.debugging.assert_equal(
+            mask, tf.sequence_mask(lengths, num_frames),
+            message=f"{owner}: the Keras mask of `{argument}` must mark a prefix of the frames "
+                    f"(padding at the end)")]
+    return tf.fill([tf.shape(frames)[0]], num_frames), []
+
+
+def _missing_lengths_error(argument, owner, how):
+    return ValueError(
+        f"{owner}: no frame lengths for `{argument}`: {how} Layers that change the number of "
+        f"frames (Conv1D, pooling) drop the Keras mask; compute the lengths after them with "
+        f"tf_rnnt.keras.conv_output_lengths. If every frame of every sample is valid (no "
+        f"padding), pass all_frames_valid=True.")
 
 
 def _check_pad_value(pad_value, blank, vocab_size, owner):
@@ -223,12 +236,15 @@ class RNNTJoint(keras.layers.Layer):
     @ kernel + bias)`, of which the layer keeps the blank and the next label through
     `tf_rnnt.joint_lattice` (tiled, recomputed in the backward pass).
 
-    Call: `joint([encoder_out, predictor_out, labels])` with `encoder_out` `[B, T, D_enc]`
-    (its Keras mask gives the frame lengths; no mask: all frames valid), `predictor_out`
-    `[B, U+1, D_pred]` (the predictor run on blank followed by the labels) and `labels` `[B, U]`
-    integer ids padded at the end with `pad_value`. Returns the float32 lattice `[B, T, U+1, 2]`
-    with nodes outside each sample's rectangle set to `PAD_NODE_VALUE` (see the module
-    docstring); train it with `FlashRNNTLoss`. The output carries no Keras mask.
+    Call: `joint([encoder_out, predictor_out, labels, logit_lengths])` with `encoder_out`
+    `[B, T, D_enc]`, `predictor_out` `[B, U+1, D_pred]` (the predictor run on blank followed by
+    the labels, see `PredictorInput`), `labels` `[B, U]` integer ids padded at the end with
+    `pad_value`, and the optional `logit_lengths` `[B]` int valid frames of `encoder_out`.
+    Without `logit_lengths` the Keras mask of `encoder_out` gives the frame lengths; with
+    neither the call raises ValueError, unless `all_frames_valid=True`. Returns the float32
+    lattice `[B, T, U+1, 2]` with nodes outside each sample's rectangle set to
+    `PAD_NODE_VALUE` (see the module docstring); train it with `joint.loss()`. The output
+    carries no Keras mask.
 
     For decoding and export use `joint.logits(encoder_out, predictor_out)`: plain TensorFlow ops,
     no custom op in the graph.
@@ -241,43 +257,65 @@ class RNNTJoint(keras.layers.Layer):
       mode: `tf_rnnt.joint_lattice` mode ("tiled" recomputes the joint in the backward pass).
       tile_size: `tf_rnnt.joint_lattice` tile size (None: chosen by the op).
       memory_budget: `tf_rnnt.joint_lattice` memory budget in bytes (None: the op's default).
-      pad_value: label padding id (negative, or the blank); must match `FlashRNNTLoss`.
+      pad_value: label padding id (negative, or the blank).
+      all_frames_valid: without `logit_lengths` or a mask, take every frame as valid instead of
+        raising (for unpadded batches only).
       **kwargs: `keras.layers.Layer` arguments (name, dtype, trainable, ...).
+
+    Example:
+
+    ```python
+    joint = tf_rnnt.keras.RNNTJoint(vocab_size=V, units=320)
+    lattice = joint([encoder_out, predictor_out, labels, frame_lengths])
+    model = keras.Model([features, feature_lengths, labels], lattice)
+    model.compile(optimizer="adam", loss=joint.loss())
+    ```
     """
 
     def __init__(self, vocab_size, units, activation="tanh", blank=0, mode="tiled",
-                 tile_size=None, memory_budget=None, pad_value=-1, **kwargs):
+                 tile_size=None, memory_budget=None, pad_value=-1, all_frames_valid=False,
+                 **kwargs):
         super().__init__(**kwargs)
-        vocab_size, units = int(vocab_size), int(units)
+        owner = "RNNTJoint"
+        vocab_size = contract.check_positive_int(vocab_size, "vocab_size", owner,
+                                                 allow_none=False)
         if vocab_size < 2:
-            raise ValueError(f"RNNTJoint: vocab_size must be >= 2 (blank plus a label), got "
+            raise ValueError(f"{owner}: vocab_size must be >= 2 (blank plus a label), got "
                              f"{vocab_size}.")
-        if units < 1:
-            raise ValueError(f"RNNTJoint: units must be >= 1, got {units}.")
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"RNNTJoint: activation must be one of {sorted(_ACTIVATIONS)}, got "
-                             f"{activation!r}.")
-        if not -vocab_size <= int(blank) < vocab_size:
-            raise ValueError(f"RNNTJoint: blank={blank} is outside [-{vocab_size}, {vocab_size}).")
         self.vocab_size = vocab_size
-        self.units = units
-        self.activation = activation
-        self.blank = int(blank)
+        self.units = contract.check_positive_int(units, "units", owner, allow_none=False)
+        self.activation = contract.check_choice(activation, tuple(_ACTIVATIONS), "activation",
+                                                owner)
+        self.blank = contract.check_blank(blank, owner, vocab_size)
         self._blank_id = self.blank % vocab_size
         self.mode = mode
         self.tile_size = tile_size
         self.memory_budget = memory_budget
-        self.pad_value = _check_pad_value(pad_value, self._blank_id, vocab_size, "RNNTJoint")
+        self.pad_value = _check_pad_value(pad_value, self._blank_id, vocab_size, owner)
+        self.all_frames_valid = bool(all_frames_valid)
+        self.supports_masking = True  # reads the mask of encoder_out; its output has none
         # The compiled ops have no XLA kernels: keep Keras from auto-enabling jit_compile.
         self.supports_jit = False
 
+    def loss(self, **kwargs):
+        """A `FlashRNNTLoss` with this layer's blank and pad_value.
+
+        Args:
+          **kwargs: the other `FlashRNNTLoss` arguments (fastemit_lambda, clamp, reduction, ...).
+        """
+        return FlashRNNTLoss(blank=self._blank_id, pad_value=self.pad_value, **kwargs)
+
+    def predictor_input(self, **kwargs):
+        """A `PredictorInput` layer with this layer's blank and pad_value."""
+        return PredictorInput(blank=self._blank_id, pad_value=self.pad_value, **kwargs)
+
     # -- weights --------------------------------------------------------------------------------
     def build(self, input_shape):
-        if not isinstance(input_shape, (list, tuple)) or len(input_shape) != 3:
-            raise ValueError("RNNTJoint: expects inputs [encoder_out, predictor_out, labels], got "
-                             f"input shape {input_shape}.")
-        encoder_shape, predictor_shape, _ = input_shape
-        self._build_projections(encoder_shape[-1], predictor_shape[-1])
+        if not isinstance(input_shape, (list, tuple)) or len(input_shape) not in (3, 4):
+            raise ValueError("RNNTJoint: expects inputs [encoder_out, predictor_out, labels] or "
+                             "[encoder_out, predictor_out, labels, logit_lengths], got input "
+                             f"shape {input_shape}.")
+        self._build_projections(input_shape[0][-1], input_shape[1][-1])
 
     def _build_projections(self, encoder_dim, predictor_dim):
         if encoder_dim is None or predictor_dim is None:
@@ -307,53 +345,58 @@ class RNNTJoint(keras.layers.Layer):
         return encoder, predictor
 
     # -- training: the lattice ----------------------------------------------------------------
+    def _split(self, inputs, mask):
+        if not isinstance(inputs, (list, tuple)) or len(inputs) not in (3, 4):
+            raise ValueError("RNNTJoint: expects inputs [encoder_out, predictor_out, labels] or "
+                             "[encoder_out, predictor_out, labels, logit_lengths].")
+        lengths = inputs[3] if len(inputs) == 4 else None
+        encoder_mask = mask[0] if isinstance(mask, (list, tuple)) else None
+        if lengths is None and encoder_mask is None and not self.all_frames_valid:
+            raise _missing_lengths_error(
+                "encoder_out", "RNNTJoint", "pass them as the 4th input, joint([encoder_out, predictor_out, "
+                "labels, logit_lengths]), or give `encoder_out` a Keras mask "
+                "(tf_rnnt.keras.LengthMask).")
+        return inputs[:3], lengths, encoder_mask
+
     def call(self, inputs, mask=None):
-        if not isinstance(inputs, (list, tuple)) or len(inputs) != 3:
-            raise ValueError("RNNTJoint: expects inputs [encoder_out, predictor_out, labels].")
         owner = "RNNTJoint"
-        encoder_out, predictor_out, labels = (tf.convert_to_tensor(x) for x in inputs)
+        (encoder_out, predictor_out, labels), lengths, encoder_mask = self._split(inputs, mask)
+        encoder_out, predictor_out = tf.convert_to_tensor(encoder_out), tf.convert_to_tensor(
+            predictor_out)
         _check_rank(encoder_out, 3, "encoder_out", owner, "[B, T, D_enc]")
         _check_rank(predictor_out, 3, "predictor_out", owner, "[B, U+1, D_pred]")
-        _check_rank(labels, 2, "labels", owner, "[B, U]")
+        labels = tf.convert_to_tensor(labels)
         if labels.dtype.is_floating:
             raise ValueError(f"{owner}: `labels` must be an integer tensor, got dtype "
                              f"{labels.dtype.name} (declare keras.Input(..., dtype='int32')).")
         labels = _labels_as_int(labels, "labels", owner)
         asserts = _check_same_batch(owner, ("encoder_out", encoder_out),
                                     ("predictor_out", predictor_out), ("labels", labels))
-        asserts.append(_check_u_plus_one(
-            labels, predictor_out, 1, owner,
-            static=lambda u, got: (f"`predictor_out` must have U+1 = {u + 1} steps for `labels` "
-                                   f"of length U = {u}, got {got}."),
-            dynamic="`predictor_out` must have U+1 steps for `labels` of length U"))
-
-        num_frames = tf.shape(encoder_out)[1]
-        encoder_mask = mask[0] if isinstance(mask, (list, tuple)) else None
-        if encoder_mask is None:
-            logit_lengths = tf.fill([tf.shape(encoder_out)[0]], num_frames)
-        else:
-            logit_lengths, checks = _frame_lengths_from_mask(encoder_mask, num_frames,
-                                                             "encoder_out", owner)
-            asserts += checks
-        clean_labels, label_lengths, checks = _label_lengths(
+        asserts.append(_check_u_plus_one(labels, predictor_out, 1, "predictor_out", owner))
+        logit_lengths, checks = _frame_lengths(lengths, encoder_mask, encoder_out,
+                                               "encoder_out", owner)
+        clean_labels, label_lengths, more = _label_lengths(
             labels, self.pad_value, self._blank_id, self.vocab_size, "labels", owner)
-        asserts += checks
 
-        with tf.control_dependencies(asserts):
+        with tf.control_dependencies(asserts + checks + more):
             encoder, predictor = self._project(encoder_out, predictor_out)
             lattice = _ops().joint_lattice(
                 encoder, predictor, self._weight(self.kernel), self._weight(self.bias),
                 clean_labels, logit_lengths, label_lengths, blank=self._blank_id,
                 activation=self.activation, mode=self.mode, tile_size=self.tile_size,
                 memory_budget=self.memory_budget)
-        return mark_lattice_padding(lattice, logit_lengths, label_lengths)
+        lattice = mark_lattice_padding(lattice, logit_lengths, label_lengths)
+        # The blank code: the label channel at u = U is never read by the loss.
+        num_nodes = tf.shape(lattice)[2]
+        is_code = (tf.range(num_nodes) == num_nodes - 1)[:, None] & tf.constant([False, True])
+        return tf.where(is_code, _BLANK_CODE + self._blank_id, lattice)
 
     def compute_mask(self, inputs, mask=None):
         # The lengths live in the lattice; a [B, T] mask would be misapplied to [B] losses.
         return None
 
     def compute_output_spec(self, inputs, mask=None):
-        encoder_out, _, labels = inputs
+        (encoder_out, _, labels), _, _ = self._split(inputs, mask)
         num_labels = labels.shape[1]
         return keras.KerasTensor(
             (encoder_out.shape[0], encoder_out.shape[1],
@@ -383,7 +426,8 @@ class RNNTJoint(keras.layers.Layer):
         config = super().get_config()
         config.update(vocab_size=self.vocab_size, units=self.units, activation=self.activation,
                       blank=self.blank, mode=self.mode, tile_size=self.tile_size,
-                      memory_budget=self.memory_budget, pad_value=self.pad_value)
+                      memory_budget=self.memory_budget, pad_value=self.pad_value,
+                      all_frames_valid=self.all_frames_valid)
         return config
 
 
@@ -391,129 +435,129 @@ class RNNTJoint(keras.layers.Layer):
 # The losses.
 # ----------------------------------------------------------------------------------------------
 class _TransducerLoss(keras.losses.Loss):
-    """Per-sample RNN-T costs reduced the way every Keras loss is (sample_weight, reduction)."""
+    """Per-sample RNN-T costs from `call`; `keras.losses.Loss` applies sample_weight and the
+    reduction.
+
+    reduction="per_token" is not a Keras reduction: `call` divides each cost by the label count
+    of the global batch (all-reduced over the replicas of a tf.distribute strategy) and Keras
+    sums the weighted costs ("sum" takes no 1 / num_replicas factor; the global count already
+    makes the replicas' summed gradients those of the global batch).
+    """
 
     def __init__(self, blank, pad_value, fastemit_lambda, clamp, reduction, name, dtype):
+        owner = type(self).__name__
         if dtype not in (None, "float32", tf.float32):
-            raise ValueError(f"{type(self).__name__}: the RNN-T costs are float32; got "
-                             f"dtype={dtype!r}.")
+            raise ValueError(f"{owner}: the RNN-T costs are float32; got dtype={dtype!r}.")
         if reduction not in _REDUCTIONS:
-            raise ValueError(f"{type(self).__name__}: reduction must be one of {_REDUCTIONS}, got "
+            raise ValueError(f"{owner}: reduction must be one of {_REDUCTIONS}, got "
                              f"{reduction!r}.")
-        super().__init__(name=name, reduction=reduction, dtype="float32")
-        self.blank = int(blank)
-        self.pad_value = int(pad_value)
-        self.fastemit_lambda = float(fastemit_lambda)
-        self.clamp = float(clamp)
+        self.per_token = reduction == "per_token"
+        super().__init__(name=name, reduction="sum" if self.per_token else reduction,
+                         dtype="float32")
+        self.blank = None if blank is None else contract.check_blank(blank, owner)
+        self.pad_value = None if pad_value is None else int(pad_value)
+        self.fastemit_lambda = contract.check_fastemit_lambda(fastemit_lambda, owner)
+        self.clamp = contract.check_clamp(clamp, owner)
 
-    def __call__(self, y_true, y_pred, sample_weight=None):
-        # A Keras mask on y_pred marks frames ([B, T]); Keras' default would multiply it into the
-        # [B] costs, so it is taken out here and used for the frame lengths instead.
-        frame_mask = getattr(y_pred, "_keras_mask", None)
-        with tf.name_scope(self.name):
-            costs = self._costs(y_true, y_pred, frame_mask)
-            return self._reduce(costs, sample_weight)
-
-    def call(self, y_true, y_pred):
-        return self._costs(y_true, y_pred, None)
-
-    def _reduce(self, costs, sample_weight):
-        if sample_weight is not None:
-            sample_weight = tf.cast(sample_weight, tf.float32)
-            if sample_weight.shape.rank == 2 and sample_weight.shape[-1] == 1:
-                sample_weight = tf.squeeze(sample_weight, -1)
-            costs = costs * sample_weight
-        if self.reduction in (None, "none"):
+    def _normalize(self, costs, label_lengths):
+        if not self.per_token:
             return costs
-        total = tf.reduce_sum(costs)
-        if self.reduction == "sum":
-            return total
-        if self.reduction == "mean_with_sample_weight" and sample_weight is not None:
-            divisor = tf.reduce_sum(tf.broadcast_to(sample_weight, tf.shape(costs)))
-        else:
-            divisor = tf.cast(tf.size(costs), tf.float32)
-        loss = tf.math.divide_no_nan(total, divisor)
-        # As every Keras mean loss: per-replica means are summed by tf.distribute's gradient
-        # all-reduce, so each replica contributes 1 / num_replicas.
-        num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        if num_replicas > 1:
-            loss = loss * (1.0 / num_replicas)
-        return loss
-
-    def _costs(self, y_true, y_pred, frame_mask):
-        raise NotImplementedError
+        tokens = tf.cast(tf.reduce_sum(label_lengths), tf.float32)
+        context = tf.distribute.get_replica_context()
+        if context is not None and context.num_replicas_in_sync > 1:
+            tokens = context.all_reduce("sum", tokens)
+        return costs / tf.maximum(tokens, 1.0)
 
     def get_config(self):
         config = super().get_config()
-        config.update(blank=self.blank, pad_value=self.pad_value,
+        config.update(reduction="per_token" if self.per_token else self.reduction,
+                      blank=self.blank, pad_value=self.pad_value,
                       fastemit_lambda=self.fastemit_lambda, clamp=self.clamp)
         return config
 
 
 @keras.saving.register_keras_serializable(package="tf_rnnt")
 class FlashRNNTLoss(_TransducerLoss):
-    """RNN-T loss on the lattice from `RNNTJoint`: `model.compile(loss=FlashRNNTLoss())`.
+    """RNN-T loss on the lattice from `RNNTJoint`; get it from the layer: `joint.loss()`.
 
-    `y_true` is `[B, U]` labels padded at the end with `pad_value` (Keras passes them as
-    floats; they are rounded back to integer ids). `y_pred` is the `[B, T, U+1, 2]` lattice of
-    `RNNTJoint`, whose padded-node convention gives the frame lengths (a Keras mask on `y_pred`,
-    if any, removes frames as well). The label lengths come from `y_true`'s padding and must
-    agree with those `RNNTJoint` marked (same `pad_value` in both). The per-sample costs
-    -log P(y|x) are weighted by `sample_weight` and reduced as every Keras loss.
+    `y_true` is `[B, U]` labels padded at the end (Keras passes them as floats; they are
+    rounded back to integer ids). `y_pred` is the `[B, T, U+1, 2]` lattice of `RNNTJoint`,
+    whose padded-node convention gives the frame and label lengths (see the module docstring).
+    The per-sample costs -log P(y|x) are weighted by `sample_weight` and reduced by Keras.
+
+    `blank` and `pad_value` default to None: the lattice carries the layer's settings.
+    When given (as `joint.loss()` does), they are checked against the layer's: a different
+    blank, or label lengths of `y_true` padded with `pad_value` that differ from the marked
+    ones, raise InvalidArgumentError at the first step, naming both settings.
 
     Args:
-      blank: blank id, used to reject a blank among the labels (the lattice already holds the
-        blank's log-probability; a negative blank is checked by `RNNTJoint` only).
-      pad_value: label padding id (default -1); must match `RNNTJoint`.
+      blank: None, or the blank id the `RNNTJoint` must use (a negative blank is not checked:
+        the lattice does not hold V).
+      pad_value: None, or the label padding id of `y_true`, checked against the marked lengths.
       fastemit_lambda: FastEmit regularization weight (changes the gradient, not the cost).
       clamp: clamp of d cost / d lattice; off when <= 0.
-      reduction: a Keras reduction: "sum_over_batch_size", "sum", "mean",
-        "mean_with_sample_weight", "none" or None.
+      reduction: a Keras reduction ("sum_over_batch_size", "sum", "mean",
+        "mean_with_sample_weight", "none" or None), or "per_token": the summed weighted costs
+        over the summed label lengths of the global batch (NeMo's "mean_volume"; sample
+        weights scale the costs, not the label count; a batch without labels divides by 1).
       name: loss name.
       dtype: only float32 (or None) is accepted: the costs are float32.
+
+    Example:
+
+    ```python
+    model.compile(optimizer="adam", loss=joint.loss(reduction="per_token"))
+    ```
     """
 
-    def __init__(self, blank=0, pad_value=-1, fastemit_lambda=0.0, clamp=-1.0,
+    def __init__(self, blank=None, pad_value=None, fastemit_lambda=0.0, clamp=-1.0,
                  reduction="sum_over_batch_size", name="flash_rnnt_loss", dtype=None):
         super().__init__(blank, pad_value, fastemit_lambda, clamp, reduction, name, dtype)
-        if self.blank >= 0 and self.pad_value >= 0 and self.pad_value != self.blank:
+        if (self.blank is not None and self.blank >= 0 and self.pad_value is not None
+                and self.pad_value >= 0 and self.pad_value != self.blank):
             raise ValueError(f"FlashRNNTLoss: pad_value={pad_value} would be a label id; pad with "
                              f"a negative id (default -1) or with the blank ({blank}).")
 
-    def _costs(self, y_true, y_pred, frame_mask):
+    def call(self, y_true, y_pred):
         owner = type(self).__name__
         lattice = tf.convert_to_tensor(y_pred)
         _check_rank(lattice, 4, "y_pred", owner, "the [B, T, U+1, 2] lattice from RNNTJoint")
-        if _static_dim(lattice, 3) not in (None, 2):
+        if contract.static_dim(lattice, 3) not in (None, 2):
             raise ValueError(f"{owner}: `y_pred` must be the [B, T, U+1, 2] lattice from "
                              f"RNNTJoint, got shape {lattice.shape}; for [B, T, U+1, V] logits "
                              f"use tf_rnnt.keras.RNNTLoss.")
         lattice = tf.cast(lattice, tf.float32)
-        labels, asserts = _labels_for(y_true, lattice, owner)
-        asserts.append(tf.debugging.assert_equal(
-            tf.shape(lattice)[3], 2, message=f"{owner}: `y_pred` must be a [B, T, U+1, 2] "
-                                             f"lattice"))
-        blank = self.blank if self.blank >= 0 else None
-        _, label_lengths, checks = _label_lengths(labels, self.pad_value, blank, None, "y_true",
-                                                  owner)
-        asserts += checks
-
-        is_pad = lattice > _PAD_THRESHOLD
-        frame_valid = ~is_pad[:, :, 0, 0]
-        if frame_mask is not None:
-            frame_valid &= tf.cast(frame_mask, tf.bool)
-        logit_lengths = tf.reduce_sum(tf.cast(frame_valid, tf.int32), axis=1)
-        marked_label_lengths = tf.reduce_sum(tf.cast(~is_pad[:, 0, :, 0], tf.int32), axis=1) - 1
-        asserts.append(tf.debugging.assert_equal(
-            tf.where(logit_lengths > 0, marked_label_lengths, label_lengths), label_lengths,
-            message=f"{owner}: the label lengths of `y_true` (padding pad_value={self.pad_value}) "
-                    f"disagree with those marked in `y_pred`; give RNNTJoint and FlashRNNTLoss "
-                    f"the same pad_value (or mark a hand-made lattice with "
-                    f"tf_rnnt.keras.mark_lattice_padding)"))
+        labels = _labels_as_int(y_true, "y_true", owner)
+        _check_rank(labels, 2, "y_true", owner, "[B, U] padded labels")
+        asserts = _check_same_batch(owner, ("y_true", labels), ("y_pred", lattice))
+        asserts += [_check_u_plus_one(labels, lattice, 2, "y_pred", owner),
+                    tf.debugging.assert_equal(tf.shape(lattice)[3], 2, message=(
+                        f"{owner}: `y_pred` must be a [B, T, U+1, 2] lattice"))]
+        logit_lengths, label_lengths = lattice_lengths(lattice)
+        label_lengths = tf.maximum(label_lengths, 0)  # -1 for a sample without frames
+        if self.pad_value is not None:
+            padded = tf.reduce_sum(tf.cast(tf.not_equal(labels, self.pad_value), tf.int32), 1)
+            asserts.append(tf.debugging.assert_equal(
+                tf.where(logit_lengths > 0, label_lengths, padded), padded, message=(
+                    f"{owner}: the label lengths of `y_true` padded with FlashRNNTLoss(pad_value="
+                    f"{self.pad_value}) disagree with those marked in `y_pred` by RNNTJoint, "
+                    f"whose pad_value differs. Set blank and pad_value once, on RNNTJoint, and "
+                    f"compile with joint.loss() (mark a hand-made lattice with "
+                    f"tf_rnnt.keras.mark_lattice_padding)")))
+        if self.blank is not None and self.blank >= 0:
+            code = lattice[:, :, -1, 1] - _BLANK_CODE
+            has_code = code > -_PAD_THRESHOLD
+            layer_blank = tf.where(has_code, tf.cast(tf.round(code), tf.int32), self.blank)
+            asserts.append(tf.debugging.Assert(tf.reduce_all(layer_blank == self.blank), [
+                f"{owner}: FlashRNNTLoss(blank={self.blank}) differs from the blank of the "
+                f"RNNTJoint that built `y_pred`. Set blank and pad_value once, on RNNTJoint, and "
+                f"compile with joint.loss(). RNNTJoint blank id:",
+                tf.reduce_max(tf.where(layer_blank == self.blank, -1, layer_blank))]))
         with tf.control_dependencies(asserts):
-            lattice = tf.where(is_pad, tf.zeros_like(lattice), lattice)
-            return _ops().lattice_loss(lattice, logit_lengths, label_lengths,
-                                       fastemit_lambda=self.fastemit_lambda, clamp=self.clamp)
+            lattice = tf.where(lattice > _PAD_THRESHOLD, tf.zeros_like(lattice), lattice)
+            costs = _ops().lattice_loss(lattice, logit_lengths, label_lengths,
+                                        fastemit_lambda=self.fastemit_lambda, clamp=self.clamp)
+        return self._normalize(costs, label_lengths)
 
 
 @keras.saving.register_keras_serializable(package="tf_rnnt")
@@ -521,51 +565,76 @@ class RNNTLoss(_TransducerLoss):
     """RNN-T loss on full logits, for models that compute them: `tf_rnnt.rnnt_loss` inside.
 
     `y_true` is `[B, U]` labels padded at the end with `pad_value`; `y_pred` the `[B, T, U+1, V]`
-    logits (float32, float16 or bfloat16; not cast). Frame lengths come from the Keras mask of
-    `y_pred` (`[B, T]`), all frames when there is none. The costs are weighted by
-    `sample_weight` and reduced as every Keras loss. Prefer `RNNTJoint` + `FlashRNNTLoss`: the
-    logits take `B*T*(U+1)*V` memory.
+    logits (float32, float16 or bfloat16; not cast), `V >= 2`. Frame lengths come from the Keras
+    mask of `y_pred` (`[B, T]`, e.g. from `LengthMask` on the encoder output); without a mask
+    the call raises ValueError unless `all_frames_valid=True`. The costs are weighted by
+    `sample_weight` and reduced by Keras. Prefer `RNNTJoint` + `FlashRNNTLoss`: the logits take
+    `B*T*(U+1)*V` memory.
 
     Args:
       blank: blank id; negative counts from the end.
       pad_value: label padding id (default -1).
       fastemit_lambda: FastEmit regularization weight.
       clamp: clamp of d cost / d lattice; off when <= 0.
-      reduction: a Keras reduction (see `FlashRNNTLoss`).
+      reduction: a Keras reduction or "per_token" (see `FlashRNNTLoss`).
       name: loss name.
       dtype: only float32 (or None) is accepted: the costs are float32.
+      all_frames_valid: without a mask on `y_pred`, take every frame as valid instead of
+        raising (for unpadded batches only).
+
+    Example:
+
+    ```python
+    model.compile(optimizer="adam", loss=tf_rnnt.keras.RNNTLoss(), jit_compile=False)
+    ```
     """
 
     def __init__(self, blank=0, pad_value=-1, fastemit_lambda=0.0, clamp=-1.0,
-                 reduction="sum_over_batch_size", name="rnnt_loss", dtype=None):
+                 reduction="sum_over_batch_size", name="rnnt_loss", dtype=None,
+                 all_frames_valid=False):
         super().__init__(blank, pad_value, fastemit_lambda, clamp, reduction, name, dtype)
+        self.all_frames_valid = bool(all_frames_valid)
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        # keras.losses.Loss.__call__ would multiply y_pred's [B, T] frame mask into the [B]
+        # costs (a shape error) and cast float16 / bfloat16 logits to float32 (a second copy of
+        # the largest tensor). So the costs are computed here, the mask giving the frame lengths,
+        # and Keras weights and reduces them (`call` passes [B] costs through).
+        with tf.name_scope(self.name):
+            costs = self._costs(y_true, y_pred, getattr(y_pred, "_keras_mask", None))
+        return super().__call__(y_true, costs, sample_weight)
+
+    def call(self, y_true, y_pred):
+        if y_pred.shape.rank == 1:  # the costs, from __call__
+            return y_pred
+        return self._costs(y_true, y_pred, None)
 
     def _costs(self, y_true, y_pred, frame_mask):
         owner = type(self).__name__
         logits = tf.convert_to_tensor(y_pred)
         _check_rank(logits, 4, "y_pred", owner, "[B, T, U+1, V] logits")
-        vocab_size = _static_dim(logits, 3)
+        vocab_size = contract.static_dim(logits, 3)
         if vocab_size is None:
             raise ValueError(f"{owner}: the vocabulary dimension of `y_pred` must be known.")
-        if vocab_size == 2:
-            raise ValueError(f"{owner}: `y_pred` has 2 channels, which looks like a lattice from "
-                             f"RNNTJoint; use tf_rnnt.keras.FlashRNNTLoss for it.")
-        if logits.dtype not in (tf.float32, tf.float16, tf.bfloat16):
+        if logits.dtype not in contract.FLOAT_DTYPES:
             logits = tf.cast(logits, tf.float32)
-        blank = self.blank % vocab_size
+        blank = contract.check_blank(self.blank, owner, vocab_size) % vocab_size
         _check_pad_value(self.pad_value, blank, vocab_size, owner)
-        labels, asserts = _labels_for(y_true, logits, owner)
+        labels = _labels_as_int(y_true, "y_true", owner)
+        _check_rank(labels, 2, "y_true", owner, "[B, U] padded labels")
+        asserts = _check_same_batch(owner, ("y_true", labels), ("y_pred", logits))
+        asserts.append(_check_u_plus_one(labels, logits, 2, "y_pred", owner))
         clean_labels, label_lengths, checks = _label_lengths(
             labels, self.pad_value, blank, vocab_size, "y_true", owner)
-        asserts += checks
-        num_frames = tf.shape(logits)[1]
-        if frame_mask is None:
-            logit_lengths = tf.fill([tf.shape(logits)[0]], num_frames)
-        else:
-            logit_lengths, checks = _frame_lengths_from_mask(frame_mask, num_frames, "y_pred",
-                                                             owner)
-            asserts += checks
-        with tf.control_dependencies(asserts):
-            return _ops().rnnt_loss(logits, clean_labels, logit_lengths, label_lengths,
-                                    blank=blank, fastemit_lambda=self.fastemit_lambda,
-                                    clamp=self.clamp)
+        if frame_mask is None and not self.all_frames_valid:
+            raise _missing_lengths_error("y_pred", owner, "give the logits the Keras mask of the "
+                                         "encoder output (tf_rnnt.keras.LengthMask).")
+        logit_lengths, frame_checks = _frame_lengths(None, frame_mask, logits, "y_pred", owner)
+        with tf.control_dependencies(asserts + checks + frame_checks):
+            costs = _ops().rnnt_loss(logits, clean_labels, logit_lengths, label_lengths,
+                                     blank=blank, fastemit_lambda=self.fastemit_lambda,
+                                     clamp=self.clamp)
+        return self._normalize(costs, label_lengths)
+
+    def get_config(self):
+        return {**super().get_config(), "all_frames_valid": self.all_frames_valid}
