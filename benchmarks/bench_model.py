@@ -329,20 +329,29 @@ def run_multiworker(args, spec):
 
     gpu_names = [f"GPU:{i}" for i in range(len(gpus))]
     warmup, steps = spec["warmup"], spec["steps"]
+    task_index = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0)
+    profile_dir = spec.get("profile")
+    if profile_dir:
+        profile_dir = os.path.join(profile_dir, f"worker{task_index}")
+    total = warmup + steps + (args.profile_steps if profile_dir else 0)
     times, losses, peaks = [], [], []
 
     def on_step(step, loss_value, seconds):
         if step == warmup - 1:
             _reset_peaks(tf, gpu_names)
-        if warmup <= step:
+        if warmup <= step < warmup + steps:
             times.append(seconds)
             losses.append(loss_value)
         if step == warmup + steps - 1:
             peaks.extend(_gpu_peaks(tf, gpu_names))
+            if profile_dir:
+                tf.profiler.experimental.start(profile_dir)
+        if profile_dir and step == total - 1:
+            tf.profiler.experimental.stop()
 
     status = "ok"
     try:
-        trainer.fit(dataset_fn, warmup + steps, on_step=on_step)
+        trainer.fit(dataset_fn, total, on_step=on_step)
     except tf.errors.ResourceExhaustedError as e:
         status = "OOM"
         print(f"OOM: {str(e)[:300]}", file=sys.stderr)
@@ -637,8 +646,8 @@ def render(args, argv, results, searches):
     lines += _targets(results, searches, args, gpu_memory)
     if args.profile:
         lines += ["", f"Profiler traces: `{args.profile}/<variant>_<dtype>_<mode><N>` "
-                      f"({args.profile_steps} steps after the timed ones; "
-                      f"`tensorboard --logdir {args.profile}`)."]
+                      f"(`/worker<i>` for the workers; {args.profile_steps} steps after the "
+                      f"timed ones; `tensorboard --logdir {args.profile}`)."]
     return "\n".join(lines) + "\n"
 
 

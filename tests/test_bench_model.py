@@ -107,7 +107,7 @@ def test_conformer_frame_lengths_follow_the_subsampling():
 
     conformer = _conformer_module()
     lengths = np.arange(1, 50)
-    got = conformer.output_lengths(lengths).numpy()
+    got = np.asarray(conformer.output_lengths(lengths))
     # Each convolution: kernel 3, stride 2, one padding frame per side -> floor((L - 1) / 2) + 1.
     np.testing.assert_array_equal(got, -(-lengths // 4))
 
@@ -142,7 +142,11 @@ def test_conformer_ignores_padding():
     assert short.shape == (3, 9, 5, 2) and long.shape == (3, 11, 5, 2)
     for b in range(3):
         valid = (slice(None, frames[b]), slice(None, label_lengths[b] + 1))
-        assert np.all(short[b][valid] <= 0) and np.all(np.isfinite(short[b][valid]))
+        # Log-probabilities: blank on every valid node, the next label before the last.
+        assert np.all(short[b][valid][..., 0] <= 0)
+        assert np.all(short[b][valid][:, :label_lengths[b], 1] <= 0)
+        assert np.all(np.isfinite(short[b][valid]))
         np.testing.assert_allclose(long[b][valid], short[b][valid], rtol=1e-5, atol=1e-5)
-        # Everything outside the valid rectangle is marked as padding for FlashRNNTLoss.
-        assert np.all(long[b, frames[b]:] == 1.0) and np.all(long[b, :, label_lengths[b] + 1:] == 1.0)
+        # The blank channel outside the valid rectangle is marked as padding for the loss.
+        assert np.all(long[b, frames[b]:, :, 0] == 1.0)
+        assert np.all(long[b, :, label_lengths[b] + 1:, 0] == 1.0)

@@ -8,7 +8,8 @@ convolution module (pointwise + GLU, depthwise convolution, batch normalization,
 pointwise), half-step feed-forward, layer normalization. Predictor: embedding + one LSTM.
 Joint: `tf_rnnt.keras.RNNTJoint`.
 
-Padding: the frame lengths follow the subsampling exactly (`output_lengths`); padded frames
+Padding: the frame lengths follow the subsampling exactly (`output_lengths`, passed to
+`RNNTJoint` as its `logit_lengths` input, and the encoder output's Keras mask); padded frames
 are zeroed after each subsampling convolution and before every depthwise convolution, and
 attention never attends to them (key mask from the lengths). In inference mode the valid
 frames of a sample do not depend on how much padding follows it (batch normalization in
@@ -41,25 +42,23 @@ import math
 import keras
 import tensorflow as tf
 
-from tf_rnnt.keras import RNNTJoint
+from tf_rnnt.keras import RNNTJoint, conv_output_lengths
 
 SUBSAMPLING = 4
 
 
 def output_lengths(feature_lengths):
     """Encoder frames for `feature_lengths` feature frames: what the two subsampling convolutions
-    (kernel 3, stride 2, one zero frame of padding on each side) produce.
+    (kernel 3, stride 2, one zero frame of padding on each side, i.e. Keras "same" lengths)
+    produce.
 
     Args:
-      feature_lengths: `[B]` int.
+      feature_lengths: `[B]` int (a tensor, array or `keras.Input`).
 
     Returns:
-      `[B]` int32, `ceil(ceil(L / 2) / 2)`.
+      `[B]` lengths `ceil(ceil(L / 2) / 2)`.
     """
-    lengths = tf.cast(feature_lengths, tf.int32)
-    for _ in range(2):
-        lengths = (lengths + 2 - 3) // 2 + 1
-    return lengths
+    return conv_output_lengths(feature_lengths, [3, 3], [2, 2], "same")
 
 
 def _frame_mask(lengths, num_frames, dtype):
@@ -234,7 +233,7 @@ class ConformerEncoder(keras.layers.Layer):
         # One zero frame / bin on each side: output j reads inputs 2j - 1 .. 2j + 1, so the
         # valid outputs of a sample never read frames beyond its own (zeroed) padding.
         x = tf.pad(x, [[0, 0], [1, 1], [1, 1], [0, 0]])
-        lengths = (lengths + 2 - 3) // 2 + 1
+        lengths = conv_output_lengths(lengths, 3, 2, "same")
         x = conv(x)
         return x * _frame_mask(lengths, tf.shape(x)[1], x.dtype)[..., None], lengths
 
@@ -264,7 +263,7 @@ class ConformerEncoder(keras.layers.Layer):
         if isinstance(features, keras.KerasTensor):  # functional model construction
             return keras.KerasTensor(self.compute_output_shape(
                 [features.shape, feature_lengths.shape])[:2], dtype="bool")
-        return tf.sequence_mask(output_lengths(feature_lengths),
+        return tf.sequence_mask(output_lengths(tf.cast(feature_lengths, tf.int32)),
                                 (tf.shape(features)[1] + 3) // 4)
 
     def compute_output_shape(self, input_shape):
@@ -426,10 +425,11 @@ def build_conformer_transducer(vocab_size=1025, num_mel_bins=80, d_model=512, nu
     predictor = LSTMPredictor(vocab_size, embedding_dim, predictor_dim, blank, dropout,
                               use_cudnn=lstm_use_cudnn, name="predictor")
     joint = RNNTJoint(vocab_size, joint_dim, blank=blank, mode=joint_mode, name="joint")
-    frames = encoder([features, feature_lengths])  # masked: the frame lengths
+    frames = encoder([features, feature_lengths])  # with the frames' Keras mask
+    frame_lengths = output_lengths(feature_lengths)
     predictions = predictor(labels)
     if output == "lattice":
-        out = joint([frames, predictions, labels])
+        out = joint([frames, predictions, labels, frame_lengths])
     else:
         out = LogitsJoint(joint, name="logits_joint")([frames, predictions])
     return keras.Model({"features": features, "feature_lengths": feature_lengths,
