@@ -23,7 +23,8 @@ Every run is its own subprocess (clean peak-memory statistics; an OOM stays cont
   * largest batch: per-GPU batch doubled from `--batch` until a run fails with out-of-memory,
     then bisected (to `--search-resolution`); each probe is a subprocess running
     `--search-steps` steps. Only for `--search-variants` x `--search-dtypes`, on the smallest
-    GPU count; `--skip-batch-search` turns it off.
+    GPU count, after the timed runs; `--search-gpus 0,1` runs the searches side by side, one
+    GPU each; `--skip-batch-search` turns it off.
 
 `--gpus 1,2` runs `model.fit` under MirroredStrategy over 1 and 2 GPUs with the same per-GPU
 batch; `--workers 2` runs the custom loop of `examples/multiworker/train.py` under
@@ -43,10 +44,12 @@ Usage (H200):
 """
 
 import argparse
+import concurrent.futures
 import importlib.util
 import json
 import os
 import platform
+import queue
 import resource
 import statistics
 import subprocess
@@ -108,6 +111,9 @@ def parse_args(argv=None):
     parser.add_argument("--search-resolution", type=float, default=0.125,
                         help="bisection stops when (fail - ok) <= resolution x ok")
     parser.add_argument("--search-steps", type=int, default=2, help="steps per probe")
+    parser.add_argument("--search-gpus", default="",
+                        help="comma list of GPU ids: run the batch searches side by side, each "
+                             "probe on one of these GPUs (one-GPU probes only)")
     parser.add_argument("--profile", default=None, help="directory for profiler traces")
     parser.add_argument("--profile-steps", type=int, default=3)
     parser.add_argument("--out", default=None, help="markdown file to write")
@@ -400,7 +406,7 @@ _OOM_MARKERS = ("ResourceExhausted", "OOM", "out of memory", "Out of memory",
 def _driver_argv(argv):
     """The driver's flags, minus the ones the driver alone uses."""
     drop_value = {"--out", "--gpus", "--workers", "--variants", "--dtypes", "--profile",
-                  "--search-variants", "--search-dtypes"}
+                  "--search-gpus", "--search-variants", "--search-dtypes"}
     out, skip = [], False
     for a in argv:
         if skip:
@@ -429,10 +435,12 @@ def _env():
                 PYTHONPATH=os.pathsep.join([_REPO_ROOT, os.environ.get("PYTHONPATH", "")]))
 
 
-def run_subprocess(base_argv, spec, timeout):
+def run_subprocess(base_argv, spec, timeout, devices=None):
+    """One run in a subprocess; `devices`: its CUDA_VISIBLE_DEVICES (None: inherited)."""
     cmd = [sys.executable, os.path.abspath(__file__)] + base_argv + ["--run", json.dumps(spec)]
+    env = _env() if devices is None else dict(_env(), CUDA_VISIBLE_DEVICES=str(devices))
     try:
-        proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return dict(spec, status=f"timeout {timeout}s")
     return dict(spec, **_parse_result(proc.stdout, proc.stderr, proc.returncode))
@@ -462,12 +470,15 @@ def _ok(result):
     return result.get("status") == "ok" and result.get("finite", False)
 
 
-def search_largest_batch(base_argv, args, variant, dtype, gpus, known_ok, log):
-    """Largest per-GPU batch that trains: doubling from --batch, then bisection."""
+def search_largest_batch(base_argv, args, variant, dtype, gpus, known_ok, log, devices=None):
+    """Largest per-GPU batch that trains: doubling from --batch, then bisection. `known_ok`:
+    --batch itself already trained (not probed again); `devices`: the probes'
+    CUDA_VISIBLE_DEVICES."""
     def probe(batch):
         spec = {"mode": "fit", "variant": variant, "dtype": dtype, "gpus": gpus, "batch": batch,
-                "warmup": 1, "steps": max(1, args.search_steps - 1)}
-        result = run_subprocess(base_argv, spec, args.timeout)
+                "warmup": 1 if args.search_steps > 1 else 0,
+                "steps": max(1, args.search_steps - 1)}
+        result = run_subprocess(base_argv, spec, args.timeout, devices)
         log(f"  probe {variant} {dtype} batch {batch}: {result.get('status')}")
         return _ok(result)
 
@@ -674,7 +685,7 @@ def main(argv=None):
     def log(text):
         print(text, file=sys.stderr, flush=True)
 
-    results, searches = [], {}
+    results, searches, pending = [], {}, []
     runs = [("fit", n) for n in gpu_counts] + [("multiworker", n) for n in worker_counts]
     for dtype in dtypes:
         for variant in variants:
@@ -695,10 +706,33 @@ def main(argv=None):
                 search_here = (not args.skip_batch_search and mode == "fit" and gpu_counts and
                                count == min(gpu_counts) and (variant, dtype) in search_set)
                 if search_here:
-                    searches[(variant, dtype)] = search_largest_batch(
-                        base_argv, args, variant, dtype, count, _ok(result), log)
+                    pending.append((variant, dtype, count, _ok(result)))
                     result["searched"] = True
                 results.append(result)
+    search_gpus = [g for g in args.search_gpus.split(",") if g.strip()]
+    if search_gpus and any(count != 1 for _, _, count, _ in pending):
+        search_gpus = []  # a probe over several GPUs needs them all
+    if len(search_gpus) > 1:
+        # Independent searches side by side, each probe on one GPU of its own.
+        free = queue.Queue()
+        for g in search_gpus:
+            free.put(g)
+
+        def search_on_a_free_gpu(item):
+            gpu = free.get()
+            try:
+                return item, search_largest_batch(base_argv, args, *item, log, devices=gpu)
+            finally:
+                free.put(gpu)
+
+        with concurrent.futures.ThreadPoolExecutor(len(search_gpus)) as pool:
+            for item, found in pool.map(search_on_a_free_gpu, pending):
+                searches[item[:2]] = found
+    else:
+        for item in pending:
+            searches[item[:2]] = search_largest_batch(base_argv, args, *item, log,
+                                                      devices=search_gpus[0] if search_gpus
+                                                      else None)
     table = render(args, argv, results, searches)
     print(table)
     if args.out:

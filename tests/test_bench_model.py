@@ -73,7 +73,7 @@ def test_batch_search_brackets_the_limit(monkeypatch, limit, start, search_max, 
     bench = _bench_module()
     probes = []
 
-    def fake_run(base_argv, spec, timeout):
+    def fake_run(base_argv, spec, timeout, devices=None):
         probes.append(spec["batch"])
         ok = spec["batch"] <= limit
         return dict(spec, status="ok" if ok else "OOM", finite=ok)
