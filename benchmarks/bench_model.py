@@ -709,6 +709,7 @@ def main(argv=None):
                     pending.append((variant, dtype, count, _ok(result)))
                     result["searched"] = True
                 results.append(result)
+                _write(args, render(args, argv, results, searches))  # partial: survives a kill
     search_gpus = [g for g in args.search_gpus.split(",") if g.strip()]
     if search_gpus and any(count != 1 for _, _, count, _ in pending):
         search_gpus = []  # a probe over several GPUs needs them all
@@ -735,6 +736,10 @@ def main(argv=None):
                                                       else None)
     table = render(args, argv, results, searches)
     print(table)
+    _write(args, table)
+
+
+def _write(args, table):
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
