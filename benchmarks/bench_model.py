@@ -30,7 +30,7 @@ Every run is its own subprocess (clean peak-memory statistics; an OOM stays cont
 batch; `--workers 2` runs the custom loop of `examples/multiworker/train.py` under
 MultiWorkerMirroredStrategy in 2 local worker processes (one GPU each, TF_CONFIG on free
 localhost ports, NCCL collectives); scaling is the throughput relative to the 1-GPU (1-worker)
-run of the same kind in this invocation. Without a GPU every run falls back to the CPU (said in
+run of the same kind in this invocation (for workers without a 1-worker run: the 1-GPU fit). Without a GPU every run falls back to the CPU (said in
 the table).
 
 `--profile DIR` records a TensorFlow profiler trace of `--profile-steps` steps after the timed
@@ -631,7 +631,9 @@ def render(args, argv, results, searches):
             gpus_cell = "0 (CPU)"
         step = r.get("step_ms")
         throughput = _throughput(r) if _ok(r) else None
-        base = baselines.get((r["variant"], r["dtype"], r["mode"], r["batch"]))
+        # The 1-GPU run of the same kind, else (workers without a 1-worker run) the 1-GPU fit.
+        base = (baselines.get((r["variant"], r["dtype"], r["mode"], r["batch"])) or
+                baselines.get((r["variant"], r["dtype"], "fit", r["batch"])))
         scaling = "-"
         if throughput and base and base is not r:
             scaling = f"{throughput / _throughput(base):.2f}x"
