@@ -30,8 +30,8 @@ Every run is its own subprocess (clean peak-memory statistics; an OOM stays cont
 batch; `--workers 2` runs the custom loop of `examples/multiworker/train.py` under
 MultiWorkerMirroredStrategy in 2 local worker processes (one GPU each, TF_CONFIG on free
 localhost ports, NCCL collectives); scaling is the throughput relative to the 1-GPU (1-worker)
-run of the same kind in this invocation (for workers without a 1-worker run: the 1-GPU fit). Without a GPU every run falls back to the CPU (said in
-the table).
+run of the same kind in this invocation (for workers without a 1-worker run: the 1-GPU fit).
+Without a GPU every run falls back to the CPU (said in the table).
 
 `--profile DIR` records a TensorFlow profiler trace of `--profile-steps` steps after the timed
 ones (TensorBoard's profile plugin reads DIR/<run>/).
