@@ -64,7 +64,7 @@ def xla_kernels_available():
         return _XLA_KERNELS
 
 
-def _xla_fallback(op_name, consequence):
+def _xla_fallback(op_name, users, consequence):
     """True when tracing for XLA (`jit_compile=True`) with an op library that has no XLA kernels.
 
     The caller then builds the pure-TensorFlow reference math instead of the compiled op, so the
@@ -77,7 +77,7 @@ def _xla_fallback(op_name, consequence):
         if op_name not in _XLA_WARNED:
             _XLA_WARNED.add(op_name)
             warnings.warn(
-                f"tf_rnnt.{op_name}: this op library has no XLA kernels (it was built against a "
+                f"tf_rnnt.{op_name} (used by {users}): this op library has no XLA kernels (it was built against a "
                 f"TensorFlow without the XLA FFI, e.g. 2.17), so under jit_compile tf_rnnt uses "
                 f"the pure-TensorFlow reference instead. {consequence}", stacklevel=3)
     return True
@@ -151,7 +151,8 @@ def lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda=0.0, cla
     label_lengths = _int32(label_lengths, "label_lengths", 1)
     _same_dim({"lattice": lattice.shape[0], "logit_lengths": logit_lengths.shape[0],
                "label_lengths": label_lengths.shape[0]}, "batch sizes")
-    if _xla_fallback("lattice_loss", "Lengths are not validated there."):
+    if _xla_fallback("lattice_loss", "keras.FlashRNNTLoss and keras.RNNTLoss",
+                     "Lengths are not validated there."):
         return _reference.lattice_loss(lattice, logit_lengths, label_lengths,
                                        float(fastemit_lambda), float(clamp))
     costs, _ = _lib().tf_rnnt_lattice_loss(
@@ -173,7 +174,7 @@ def _logits_to_lattice(logits, labels, blank, label_lengths):
             labels.shape[1] + 1 != logits.shape[2]:
         raise ValueError(f"labels [B, U] must have U = logits.shape[2] - 1 = {logits.shape[2] - 1}"
                          f", got labels of shape {labels.shape}")
-    if _xla_fallback("logits_to_lattice", "Labels are not validated there."):
+    if _xla_fallback("logits_to_lattice", "keras.RNNTLoss", "Labels are not validated there."):
         return _reference.lattice_from_logits(logits, labels, blank)
     validate = label_lengths is not None
     if validate:
@@ -323,8 +324,8 @@ def joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, label
             labels.shape[1] + 1 != predictor.shape[1]:
         raise ValueError(f"labels [B, U] must have U = predictor.shape[1] - 1 = "
                          f"{predictor.shape[1] - 1}, got labels of shape {labels.shape}")
-    if _xla_fallback("joint_lattice", "It materializes the full [B, T, U+1, V] logits "
-                     "(keras.RNNTJoint included): rebuild the library against TensorFlow >= 2.21 "
+    if _xla_fallback("joint_lattice", "keras.RNNTJoint", "It materializes the full "
+                     "[B, T, U+1, V] logits: rebuild the library against TensorFlow >= 2.21 "
                      "for XLA kernels, or compile the model with jit_compile=False to keep the "
                      "fused, tiled joint."):
         lattice = _reference.joint_lattice(encoder, predictor, kernel, bias, labels, blank,

@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -694,14 +695,22 @@ ffi::Error cuda_error(cudaError_t e, const char* op) {
   return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorName(e));
 }
 
-// Copies device int32 values to the host; waits for the stream.
-ffi::Error to_host(const int32_t* device, size_t n, std::vector<int32_t>* host, CudaStream stream,
-                   const char* op) {
-  host->resize(n);
-  if (n == 0) return ffi::Error::Success();
-  cudaError_t e = cudaMemcpyAsync(host->data(), device, n * sizeof(int32_t),
-                                  cudaMemcpyDeviceToHost, stream);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+struct HostCopy {
+  const int32_t* device;
+  size_t count;
+  std::vector<int32_t>* host;
+};
+
+// Copies device int32 buffers to the host and waits for the stream (one synchronization for all).
+ffi::Error to_host(std::initializer_list<HostCopy> copies, CudaStream stream, const char* op) {
+  for (const HostCopy& c : copies) {
+    c.host->resize(c.count);
+    if (c.count == 0) continue;
+    const cudaError_t e = cudaMemcpyAsync(c.host->data(), c.device, c.count * sizeof(int32_t),
+                                          cudaMemcpyDeviceToHost, stream);
+    if (e != cudaSuccess) return cuda_error(e, op);
+  }
+  const cudaError_t e = cudaStreamSynchronize(stream);
   return e == cudaSuccess ? ffi::Error::Success() : cuda_error(e, op);
 }
 
@@ -726,9 +735,9 @@ ffi::Error lattice_loss_cuda_ffi(CudaStream stream, ffi::ScratchAllocator alloc,
   const auto d = lattice.dimensions();
   const int64_t B = d[0], T = d[1], U1 = d[2];
   std::vector<int32_t> logit, label;
-  ffi::Error err = to_host(logit_lengths.typed_data(), B, &logit, stream, "lattice_loss");
-  if (err.failure()) return err;
-  err = to_host(label_lengths.typed_data(), B, &label, stream, "lattice_loss");
+  ffi::Error err = to_host({{logit_lengths.typed_data(), static_cast<size_t>(B), &logit},
+                            {label_lengths.typed_data(), static_cast<size_t>(B), &label}},
+                           stream, "lattice_loss");
   if (err.failure()) return err;
   err = check_lengths(logit.data(), label.data(), B, T, U1 - 1);
   if (err.failure() || B == 0) return err;
@@ -759,9 +768,9 @@ ffi::Error logits_to_lattice_cuda_ffi(CudaStream stream, ffi::AnyBuffer logits,
   if (!core_dtype(logits.element_type(), &dtype)) return invalid("logits_to_lattice: unsupported dtype");
   if (validate) {
     std::vector<int32_t> lab, len;
-    ffi::Error err = to_host(label_lengths.typed_data(), B, &len, stream, "logits_to_lattice");
-    if (err.failure()) return err;
-    err = to_host(labels.typed_data(), B * (U1 - 1), &lab, stream, "logits_to_lattice");
+    ffi::Error err = to_host({{label_lengths.typed_data(), static_cast<size_t>(B), &len},
+                              {labels.typed_data(), static_cast<size_t>(B * (U1 - 1)), &lab}},
+                             stream, "logits_to_lattice");
     if (err.failure()) return err;
     err = check_lengths(nullptr, len.data(), B, T, U1 - 1);
     if (err.failure()) return err;
@@ -804,14 +813,18 @@ struct GpuJointPlan {
                   int64_t allow_tf32, bool backward) {
     const int64_t B = enc.dimensions()[0], U = pred.dimensions()[1] - 1;
     const char* op = backward ? "joint_lattice gradient" : "joint_lattice";
-    ffi::Error err = to_host(logit_lengths.typed_data(), B, &logit, stream, op);
-    if (err.failure()) return err;
-    if ((err = to_host(label_lengths.typed_data(), B, &label, stream, op)).failure()) return err;
+    // The backward pass needs no labels on the host (the forward pass checked them).
     std::vector<int32_t> host_labels;
-    if (!backward &&
-        (err = to_host(labels.typed_data(), B * U, &host_labels, stream, op)).failure()) {
-      return err;
-    }
+    const size_t b = static_cast<size_t>(B);
+    ffi::Error err =
+        backward ? to_host({{logit_lengths.typed_data(), b, &logit},
+                            {label_lengths.typed_data(), b, &label}},
+                           stream, op)
+                 : to_host({{logit_lengths.typed_data(), b, &logit},
+                            {label_lengths.typed_data(), b, &label},
+                            {labels.typed_data(), b * static_cast<size_t>(U), &host_labels}},
+                           stream, op);
+    if (err.failure()) return err;
     err = joint_shape(enc, pred, kernel, blank, activation, allow_tf32, logit.data(), label.data(),
                       backward ? nullptr : host_labels.data(), &shape);
     if (err.failure()) return err;
