@@ -5,7 +5,8 @@
       [--labels 128] [--vocab 1025] [--steps 20] [--builder module:function]
       [--builder-kwargs '{"vocab_size": 1025}']
 
-The model maps `[features [B, frames, 80], labels [B, U]]` (labels padded with -1) to the
+The model maps `[features [B, frames, 80], labels [B, U]]` (labels padded with -1; or a dict
+with "features", "feature_lengths" and "labels" when it has a "feature_lengths" input) to the
 `[B, T, U+1, 2]` lattice of a `tf_rnnt.keras.RNNTJoint` and trains with `FlashRNNTLoss`.
 Without --builder it is a Conformer-sized stack built here (4x convolutional subsampling,
 16 Conformer blocks of width 256 with 4 heads and kernel 31, an LSTM predictor of 320 units, a
@@ -102,15 +103,21 @@ def measure(build, jit_compile, batch_data, steps, warmup):
     model.compile(optimizer=keras.optimizers.Adam(1e-4), loss=FlashRNNTLoss(),
                   jit_compile=jit_compile)
     features, labels = batch_data
+    names = [getattr(t, "name", "") for t in tf.nest.flatten(model.inputs)]
+    if any("feature_lengths" in name for name in names):
+        lengths = np.full([features.shape[0]], features.shape[1], np.int32)
+        inputs = {"features": features, "feature_lengths": lengths, "labels": labels}
+    else:
+        inputs = [features, labels]
     gpu = bool(tf.config.list_physical_devices("GPU"))
     for _ in range(warmup):
-        loss = model.train_on_batch([features, labels], labels)
+        loss = model.train_on_batch(inputs, labels)
     if gpu:
         tf.config.experimental.reset_memory_stats("GPU:0")
     times = []
     for _ in range(steps):
         start = time.perf_counter()
-        loss = model.train_on_batch([features, labels], labels)  # returns a host float: synced
+        loss = model.train_on_batch(inputs, labels)  # returns a host float: synced
         times.append(time.perf_counter() - start)
     peak = tf.config.experimental.get_memory_info("GPU:0")["peak"] if gpu else 0
     return float(np.median(times)), peak, float(loss), model.jit_compile

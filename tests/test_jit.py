@@ -5,6 +5,10 @@ built against TensorFlow 2.17), the Python wrappers build the reference math und
 paths must give the non-jit results; the oracle is `tf_rnnt.reference` (pure TF + autodiff).
 """
 
+import os
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import keras
@@ -306,3 +310,29 @@ def test_keras_auto_jit_on_gpu_trains(head):
     np.testing.assert_allclose(loss_auto, loss_ref, rtol=1e-4)
     for i, (g, g_ref) in enumerate(zip(grads_auto, grads_ref)):
         _assert_close(g, g_ref, 1e-3, f"gradient {i}")
+
+
+def test_library_loaded_after_the_first_xla_compilation():
+    """TensorFlow registers XlaOpRegistry kernels once per process, at the first XLA
+    compilation; the op library registers its XLA kernels itself, so loading it later works."""
+    if not rnnt_ops.xla_kernels_available():
+        pytest.skip("op library has no XLA kernels")
+    script = textwrap.dedent("""
+        import numpy as np, tensorflow as tf
+        print(tf.function(lambda x: x * 2, jit_compile=True)(tf.ones([2])).numpy())
+        import tf_rnnt
+        logits = tf.constant(np.random.default_rng(0).normal(size=(1, 3, 2, 4)), tf.float32)
+        step = tf.function(lambda x: tf_rnnt.rnnt_loss(x, [[1]], [3], [1]), jit_compile=True)
+        print("xla", float(step(logits)[0]), "eager", float(tf_rnnt.rnnt_loss(logits, [[1]], [3], [1])[0]))
+        print("custom calls:", "tf_rnnt_lattice_loss" in step.experimental_get_compiler_ir(logits)(stage="hlo"))
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(tf_rnnt.__file__)))] +
+        os.environ.get("PYTHONPATH", "").split(os.pathsep)), TF_CPP_MIN_LOG_LEVEL="2")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    words = out.stdout.split()
+    xla, eager = float(words[words.index("xla") + 1]), float(words[words.index("eager") + 1])
+    np.testing.assert_allclose(xla, eager, rtol=1e-5)
+    assert "custom calls: True" in out.stdout
