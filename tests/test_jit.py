@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 import tf_rnnt
+from conftest import DEVICES, requires_gpu
 from tf_rnnt import ops as rnnt_ops
 from tf_rnnt import reference
 from tf_rnnt.keras import FlashRNNTLoss, RNNTJoint, RNNTLoss
@@ -69,7 +70,7 @@ def _logits_reference(p, **kwargs):
     return loss
 
 
-def _value_and_grads(loss_fn, args, jit_compile):
+def _value_and_grads(loss_fn, args, jit_compile, device="/CPU:0"):
     @tf.function(jit_compile=jit_compile)
     def step(*xs):
         with tf.GradientTape() as tape:
@@ -78,7 +79,8 @@ def _value_and_grads(loss_fn, args, jit_compile):
             total = tf.reduce_sum(costs * tf.range(1.0, B + 1.0))  # distinct upstream per sample
         return costs, tape.gradient(total, xs)
 
-    costs, grads = step(*args)
+    with tf.device(device):
+        costs, grads = step(*args)
     return costs.numpy(), [tf.cast(g, tf.float32).numpy() for g in grads], step
 
 
@@ -101,8 +103,9 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("head,kwargs", CASES)
-def test_jit_equals_eager_and_reference(head, kwargs):
+def test_jit_equals_eager_and_reference(head, kwargs, device):
     p = _problem()
     op_kwargs = dict(kwargs)
     ref_kwargs = {k: v for k, v in kwargs.items() if k not in ("mode", "tile_size")}
@@ -112,9 +115,9 @@ def test_jit_equals_eager_and_reference(head, kwargs):
     else:
         loss_fn, args = _logits(p, **op_kwargs)
         ref_fn = _logits_reference(p, **ref_kwargs)
-    costs_jit, grads_jit, step = _value_and_grads(loss_fn, args, True)
-    costs, grads, _ = _value_and_grads(loss_fn, args, False)
-    costs_ref, grads_ref, _ = _value_and_grads(ref_fn, args, False)
+    costs_jit, grads_jit, step = _value_and_grads(loss_fn, args, True, device)
+    costs, grads, _ = _value_and_grads(loss_fn, args, False, device)
+    costs_ref, grads_ref, _ = _value_and_grads(ref_fn, args, False, device)
     _assert_close(costs_jit, costs, 1e-5, "costs: jit vs no jit")
     _assert_close(costs_jit, costs_ref, 1e-5, "costs: jit vs reference")
     for i, (g_jit, g, g_ref) in enumerate(zip(grads_jit, grads, grads_ref)):
@@ -122,18 +125,20 @@ def test_jit_equals_eager_and_reference(head, kwargs):
         _assert_close(g_jit, g_ref, 1e-5, f"gradient {i}: jit vs reference")
     if rnnt_ops.xla_kernels_available():
         # The compiled ops ran as custom calls, not as the reference math.
-        hlo = _hlo(step, args)
+        with tf.device(device):
+            hlo = _hlo(step, args)
         target = "tf_rnnt_joint_lattice" if head == "flash" else "tf_rnnt_logits_to_lattice"
         for name in (target, target + "_grad", "tf_rnnt_lattice_loss"):
             assert f'custom_call_target="{name}"' in hlo, name
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
-def test_jit_half_precision_equals_eager(dtype):
+def test_jit_half_precision_equals_eager(dtype, device):
     p = _problem(1, dtype)
     for loss_fn, args in (_flash(p), _logits(p)):
-        costs_jit, grads_jit, _ = _value_and_grads(loss_fn, args, True)
-        costs, grads, _ = _value_and_grads(loss_fn, args, False)
+        costs_jit, grads_jit, _ = _value_and_grads(loss_fn, args, True, device)
+        costs, grads, _ = _value_and_grads(loss_fn, args, False, device)
         _assert_close(costs_jit, costs, 1e-5, "costs")
         for i, (g_jit, g) in enumerate(zip(grads_jit, grads)):
             _assert_close(g_jit, g, 1e-2, f"gradient {i}")
@@ -141,8 +146,9 @@ def test_jit_half_precision_equals_eager(dtype):
 
 @pytest.mark.skipif(not rnnt_ops.library_available() or not rnnt_ops.xla_kernels_available(),
                     reason="op library has no XLA kernels")
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("head", ["flash", "logits"])
-def test_jit_rejects_bad_lengths_and_labels(head):
+def test_jit_rejects_bad_lengths_and_labels(head, device):
     p = _problem()
     bad_lengths = dict(p, logit_lengths=np.array([T, 0, 6], np.int32))
     bad_labels = dict(p, labels=np.where(np.arange(U) == 1, V, p["labels"]).astype(np.int32))
@@ -150,7 +156,7 @@ def test_jit_rejects_bad_lengths_and_labels(head):
                              (bad_labels, r"labels\[0, 1\] = 11 must be in \[0, 11\)")):
         loss_fn, args = (_flash if head == "flash" else _logits)(problem)
         with pytest.raises(tf.errors.InvalidArgumentError, match=pattern):
-            _value_and_grads(loss_fn, args, True)
+            _value_and_grads(loss_fn, args, True, device)
 
 
 def test_fallback_without_xla_kernels_equals_eager_and_warns(monkeypatch):
@@ -300,7 +306,7 @@ def test_rnnt_joint_supports_jit():
     assert RNNTJoint(V, H).supports_jit
 
 
-@pytest.mark.skipif(not tf.config.list_physical_devices("GPU"), reason="needs a GPU")
+@requires_gpu
 @pytest.mark.parametrize("head", ["flash", "logits"])
 def test_keras_auto_jit_on_gpu_trains(head):
     """On a GPU Keras resolves jit_compile="auto" to XLA when every layer supports it."""

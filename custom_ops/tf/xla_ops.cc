@@ -15,6 +15,8 @@
 #include <cstdio>
 #include <cstring>
 #include <initializer_list>
+#include <memory>
+#include <new>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -475,6 +477,14 @@ ffi::Error joint_shape(ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer k
   return ffi::Error::Success();
 }
 
+ffi::Error out_of_memory(size_t bytes, int64_t tile) {
+  return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                    "tf_rnnt.joint_lattice could not allocate its " + std::to_string(bytes) +
+                        "-byte workspace (" + std::to_string(tile) +
+                        " lattice nodes per tile). Use a smaller tile_size or memory_budget, or a "
+                        "smaller batch.");
+}
+
 // ---- Host
 ffi::Error lattice_loss_host(ffi::Buffer<ffi::F32> lattice, ffi::Buffer<ffi::S32> logit_lengths,
                              ffi::Buffer<ffi::S32> label_lengths,
@@ -562,8 +572,10 @@ ffi::Error joint_lattice_host(ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyB
   a.node_offsets = a.host_node_offsets = offsets.data();
   a.num_nodes = offsets[s.B];
   a.tile_nodes = tile_nodes_for(s, a.num_nodes, tile_attr, budget_attr, false);
-  std::vector<char> workspace(std::max<size_t>(1, joint_workspace_bytes_cpu(s, a.tile_nodes, false, false)));
-  a.workspace = workspace.data();
+  const size_t bytes = std::max<size_t>(1, joint_workspace_bytes_cpu(s, a.tile_nodes, false, false));
+  std::unique_ptr<char[]> workspace(new (std::nothrow) char[bytes]);  // uninitialized
+  if (!workspace) return out_of_memory(bytes, a.tile_nodes);
+  a.workspace = workspace.get();
   a.lattice = lattice->typed_data();
   a.lse = lse->typed_data();
   return from_core(joint_forward_cpu(s, a, pool_parallel_for(&pool)), "joint_lattice");
@@ -590,8 +602,10 @@ ffi::Error joint_lattice_grad_host(
   a.node_offsets = a.host_node_offsets = offsets.data();
   a.num_nodes = offsets[s.B];
   a.tile_nodes = tile_nodes_for(s, a.num_nodes, tile_attr, budget_attr, false);
-  std::vector<char> workspace(std::max<size_t>(1, joint_workspace_bytes_cpu(s, a.tile_nodes, true, false)));
-  a.workspace = workspace.data();
+  const size_t bytes = std::max<size_t>(1, joint_workspace_bytes_cpu(s, a.tile_nodes, true, false));
+  std::unique_ptr<char[]> workspace(new (std::nothrow) char[bytes]);  // uninitialized
+  if (!workspace) return out_of_memory(bytes, a.tile_nodes);
+  a.workspace = workspace.get();
   a.lse = lse.typed_data();
   a.d_lattice = d_lattice.typed_data();
   // float32 accumulators: the results themselves for float32 inputs.
