@@ -139,7 +139,10 @@ def test_jit_half_precision_equals_eager(dtype, device):
     for loss_fn, args in (_flash(p), _logits(p)):
         costs_jit, grads_jit, _ = _value_and_grads(loss_fn, args, True, device)
         costs, grads, _ = _value_and_grads(loss_fn, args, False, device)
-        _assert_close(costs_jit, costs, 1e-5, "costs")
+        # The reference fallback computes the joint and logits in the half dtype, the ops in
+        # float32 from the half inputs.
+        _assert_close(costs_jit, costs, 1e-5 if rnnt_ops.xla_kernels_available() else 1e-3,
+                      "costs")
         for i, (g_jit, g) in enumerate(zip(grads_jit, grads)):
             _assert_close(g_jit, g, 1e-2, f"gradient {i}")
 
