@@ -332,8 +332,10 @@ def test_library_loaded_after_the_first_xla_compilation():
         import tf_rnnt
         logits = tf.constant(np.random.default_rng(0).normal(size=(1, 3, 2, 4)), tf.float32)
         step = tf.function(lambda x: tf_rnnt.rnnt_loss(x, [[1]], [3], [1]), jit_compile=True)
-        print("xla", float(step(logits)[0]), "eager", float(tf_rnnt.rnnt_loss(logits, [[1]], [3], [1])[0]))
-        print("custom calls:", "tf_rnnt_lattice_loss" in step.experimental_get_compiler_ir(logits)(stage="hlo"))
+        eager = tf_rnnt.rnnt_loss(logits, [[1]], [3], [1])
+        print("xla", float(step(logits)[0]), "eager", float(eager[0]))
+        hlo = step.experimental_get_compiler_ir(logits)(stage="hlo")
+        print("custom calls:", "tf_rnnt_lattice_loss" in hlo)
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(os.path.dirname(os.path.abspath(tf_rnnt.__file__)))] +

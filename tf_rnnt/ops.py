@@ -77,9 +77,10 @@ def _xla_fallback(op_name, users, consequence):
         if op_name not in _XLA_WARNED:
             _XLA_WARNED.add(op_name)
             warnings.warn(
-                f"tf_rnnt.{op_name} (used by {users}): this op library has no XLA kernels (it was built against a "
-                f"TensorFlow without the XLA FFI, e.g. 2.17), so under jit_compile tf_rnnt uses "
-                f"the pure-TensorFlow reference instead. {consequence}", stacklevel=3)
+                f"tf_rnnt.{op_name} (used by {users}): this op library has no XLA kernels (it "
+                f"was built against a TensorFlow without the XLA FFI, e.g. 2.17), so under "
+                f"jit_compile tf_rnnt uses the pure-TensorFlow reference instead. {consequence}",
+                stacklevel=3)
     return True
 
 
@@ -276,6 +277,9 @@ def joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, label
     If the workspace cannot be allocated the op halves the tile, down to 1024 nodes, then
     raises ResourceExhaustedError.
 
+    Under XLA (`jit_compile=True`) the op lowers to a custom call on the same kernels and always
+    runs tiled (mode="untiled" keeps nothing there).
+
     GEMMs run in the input dtype with float32 accumulation (TF32 when TensorFlow allows it,
     `tf.config.experimental.enable_tensor_float_32_execution`); log-sum-exp and the lattice
     are float32. Results are deterministic (no atomics).
@@ -325,7 +329,7 @@ def joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, label
         raise ValueError(f"labels [B, U] must have U = predictor.shape[1] - 1 = "
                          f"{predictor.shape[1] - 1}, got labels of shape {labels.shape}")
     if _xla_fallback("joint_lattice", "keras.RNNTJoint", "It materializes the full "
-                     "[B, T, U+1, V] logits: rebuild the library against TensorFlow >= 2.21 "
+                     "[B, T, U+1, V] logits: rebuild the library against TensorFlow 2.21 "
                      "for XLA kernels, or compile the model with jit_compile=False to keep the "
                      "fused, tiled joint."):
         lattice = _reference.joint_lattice(encoder, predictor, kernel, bias, labels, blank,
