@@ -5,7 +5,9 @@
   python custom_ops/build.py --tests   # build/tests/core_test: the core's tests, no TensorFlow
 
 CPU kernels always; CUDA kernels too when nvcc is found (CUDA_HOME/bin or PATH), unless
-TF_RNNT_WITH_CUDA=0. TF_RNNT_CUDA_ARCHS (default "80;86;89;90") lists the SM architectures;
+TF_RNNT_WITH_CUDA=0. XLA kernels (custom_ops/tf/xla_ops.cc) when this TensorFlow ships the XLA
+FFI headers and exports XLA_FFI_GetApi (TensorFlow 2.21: yes; 2.17: no), unless
+TF_RNNT_WITH_XLA=0. TF_RNNT_CUDA_ARCHS (default "80;86;89;90") lists the SM architectures;
 PTX for the newest is embedded too. cudart is linked statically (it then loads under both
 `tensorflow` and `tensorflow-cpu`); cuBLAS is not linked: the op uses the one TensorFlow loaded.
 Only the glue files (custom_ops/tf) see TensorFlow headers, to keep the build short.
@@ -46,6 +48,24 @@ def tf_flags():
     import tensorflow as tf  # noqa: deferred so --help works without TensorFlow
 
     return tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags(), tf.__version__
+
+
+def xla_supported(tf_dir, tf_include):
+    """True when this TensorFlow lets an op library add XLA kernels with FFI custom calls."""
+    if os.environ.get("TF_RNNT_WITH_XLA", "1") == "0":
+        return False
+    headers = ("xla/ffi/api/ffi.h", "tensorflow/compiler/tf2xla/xla_op_kernel.h",
+               "external/highwayhash/highwayhash/arch_specific.h")
+    if not all(os.path.exists(os.path.join(tf_include, h)) for h in headers):
+        return False
+    import ctypes
+
+    try:
+        framework = ctypes.CDLL(os.path.join(tf_dir, "libtensorflow_framework.so.2"))
+        framework.XLA_FFI_GetApi  # noqa: B018 (raises AttributeError when not exported)
+    except (OSError, AttributeError):
+        return False
+    return os.path.exists(os.path.join(tf_dir, "libtensorflow_cc.so.2"))
 
 
 def run(cmd):
@@ -102,11 +122,20 @@ def build(out, jobs, tests=False):
                                nvcc and cuda_home, include)
     for f in ("ops.cc", "kernels.cc"):
         add(os.path.join(SRC, "tf", f), lambda s, o: [cxx, *glue_flags, *cuda_defs, "-c", s, "-o", o])
+    tf_dir = os.path.dirname(tf_include)
+    with_xla = xla_supported(tf_dir, tf_include)
+    if with_xla:
+        xla_include = ["-I" + os.path.join(tf_include, "external", "highwayhash"),
+                       "-I" + os.path.join(SRC, "include", "xla_compat")]
+        add(os.path.join(SRC, "tf", "xla_ops.cc"),
+            lambda s, o: [cxx, *glue_flags, *xla_include, *cuda_defs, "-c", s, "-o", o])
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         for future in [pool.submit(run, cmd) for cmd in jobs_list]:
             future.result()
     libs = link_flags + ["-ldl", "-lpthread"]
+    if with_xla:
+        libs += ["-L" + tf_dir, "-l:libtensorflow_cc.so.2"]
     if nvcc:
         libs += ["-L" + os.path.join(cuda_home, "lib64"), "-l:libcudart_static.a", "-lrt"]
     os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -115,8 +144,10 @@ def build(out, jobs, tests=False):
     run([cxx, "-shared", "-o", tmp, *objects, *libs, "-Wl,-O1", "-Wl,--no-undefined"])
     os.replace(tmp, out)
     with open(os.path.join(os.path.dirname(out), "_build_info.txt"), "w") as f:
-        f.write(f"tensorflow={tf_version}\ncuda={'yes' if nvcc else 'no'}\n")
-    print(f"built {out} (TensorFlow {tf_version}, CUDA {'on' if nvcc else 'off'})")
+        f.write(f"tensorflow={tf_version}\ncuda={'yes' if nvcc else 'no'}\n"
+                f"xla={'yes' if with_xla else 'no'}\n")
+    print(f"built {out} (TensorFlow {tf_version}, CUDA {'on' if nvcc else 'off'}, "
+          f"XLA kernels {'on' if with_xla else 'off'})")
 
 
 def build_core_test(add, objects, jobs_list, jobs, cxx, core_flags, cuda_defs, cuda_home, include):

@@ -26,9 +26,12 @@ are never positive, so the marking is unambiguous; `FlashRNNTLoss` reads the len
 loss, holds `2 + blank`, so a loss given another blank fails. Lattices built without
 `RNNTJoint` (e.g. with `tf_rnnt.joint_lattice`) are marked with `mark_lattice_padding`.
 
-XLA: the compiled ops have no XLA kernels, so `RNNTJoint` sets `supports_jit = False` (Keras
-then never auto-enables `jit_compile` for a model containing it). A model trained with
-`RNNTLoss` but without an `RNNTJoint` should be compiled with `jit_compile=False`.
+XLA: `model.compile(jit_compile=True)` (and Keras' "auto", which turns XLA on for a GPU model)
+compiles the whole training step, these layers and losses included: the op library's XLA
+kernels lower each op to an XLA custom call running the same CPU/CUDA code. A library built
+against a TensorFlow without the XLA FFI (2.17) has no XLA kernels; under XLA the ops then use
+the pure-TensorFlow reference math, and `RNNTJoint` materializes the full logits (a warning
+names the op).
 """
 
 import keras
@@ -184,8 +187,6 @@ class RNNTJoint(keras.layers.Layer):
         self.tile_size = tile_size
         self.memory_budget = memory_budget
         self.pad_value = _check_pad_value(pad_value, self._blank_id, vocab_size, "RNNTJoint")
-        # The compiled ops have no XLA kernels: keep Keras from auto-enabling jit_compile.
-        self.supports_jit = False
 
     def loss(self, **kwargs):
         """A `FlashRNNTLoss` with this layer's blank and pad_value.

@@ -5,12 +5,18 @@ Shapes: `B` batch, `T` padded frames, `U` padded labels (`U1 = U + 1` predictor 
 `log P(blank | t, u)` in channel 0 and `log P(y_{u+1} | t, u)` in channel 1.
 """
 
+import threading
+import warnings
+
 import tensorflow as tf
+from tensorflow.python.framework import kernels as _kernels
+from tensorflow.python.ops import control_flow_util as _control_flow_util
 
 from tf_rnnt import _loader
+from tf_rnnt import reference as _reference
 
 __all__ = ["lattice_loss", "logits_to_lattice", "rnnt_loss", "joint_lattice", "flash_rnnt_loss",
-           "library_available", "DEFAULT_MEMORY_BUDGET"]
+           "library_available", "xla_kernels_available", "DEFAULT_MEMORY_BUDGET"]
 
 ACTIVATIONS = ("tanh", "relu", "identity")
 MODES = ("tiled", "untiled")
@@ -32,6 +38,61 @@ def library_available():
 
 def _lib():
     return _loader.load()
+
+
+_XLA_LOCK = threading.Lock()
+_XLA_KERNELS = None
+_XLA_WARNED = set()
+
+
+def xla_kernels_available():
+    """True when the loaded op library has XLA kernels for every visible device kind.
+
+    The build adds them against a TensorFlow whose wheel ships the XLA FFI (2.21: yes, 2.17: no),
+    for the CPU, and for the GPU when it builds the CUDA kernels.
+    """
+    global _XLA_KERNELS
+    with _XLA_LOCK:
+        if _XLA_KERNELS is None:
+            _lib()
+            kernels = _kernels.get_registered_kernels_for_op("TfRnntLatticeLoss").kernel
+            devices = {k.device_type for k in kernels}
+            needed = {"XLA_CPU_JIT"}
+            if tf.config.list_physical_devices("GPU"):
+                needed.add("XLA_GPU_JIT")
+            _XLA_KERNELS = needed <= devices
+        return _XLA_KERNELS
+
+
+def _xla_fallback(op_name, users, consequence):
+    """True when tracing for XLA (`jit_compile=True`) with an op library that has no XLA kernels.
+
+    The caller then builds the pure-TensorFlow reference math instead of the compiled op, so the
+    model still compiles; one warning per op says so.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    if not _control_flow_util.GraphOrParentsInXlaContext(graph) or xla_kernels_available():
+        return False
+    with _XLA_LOCK:
+        if op_name not in _XLA_WARNED:
+            _XLA_WARNED.add(op_name)
+            warnings.warn(
+                f"tf_rnnt.{op_name} (used by {users}): this op library has no XLA kernels (it "
+                f"was built against a TensorFlow without the XLA FFI, e.g. 2.17), so under "
+                f"jit_compile tf_rnnt uses the pure-TensorFlow reference instead. {consequence}",
+                stacklevel=3)
+    return True
+
+
+def _valid_node_mask(lattice, logit_lengths, label_lengths):
+    """The compiled ops' zeros: 0 outside each sample's rectangle and in the label channel at
+    `u = label_lengths[b]`."""
+    shape = tf.shape(lattice)
+    t_valid = tf.sequence_mask(logit_lengths, shape[1])[:, :, None]
+    blank_valid = t_valid & tf.sequence_mask(label_lengths + 1, shape[2])[:, None, :]
+    label_valid = t_valid & tf.sequence_mask(label_lengths, shape[2])[:, None, :]
+    mask = tf.stack([blank_valid, label_valid], axis=-1)
+    return tf.where(mask, lattice, tf.zeros_like(lattice))
 
 
 def _int32(x, name, rank):
@@ -91,6 +152,10 @@ def lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda=0.0, cla
     label_lengths = _int32(label_lengths, "label_lengths", 1)
     _same_dim({"lattice": lattice.shape[0], "logit_lengths": logit_lengths.shape[0],
                "label_lengths": label_lengths.shape[0]}, "batch sizes")
+    if _xla_fallback("lattice_loss", "keras.FlashRNNTLoss and keras.RNNTLoss",
+                     "Lengths are not validated there."):
+        return _reference.lattice_loss(lattice, logit_lengths, label_lengths,
+                                       float(fastemit_lambda), float(clamp))
     costs, _ = _lib().tf_rnnt_lattice_loss(
         lattice, logit_lengths, label_lengths, logit_lengths, label_lengths,
         fastemit_lambda=float(fastemit_lambda), clamp=float(clamp))
@@ -110,6 +175,8 @@ def _logits_to_lattice(logits, labels, blank, label_lengths):
             labels.shape[1] + 1 != logits.shape[2]:
         raise ValueError(f"labels [B, U] must have U = logits.shape[2] - 1 = {logits.shape[2] - 1}"
                          f", got labels of shape {labels.shape}")
+    if _xla_fallback("logits_to_lattice", "keras.RNNTLoss", "Labels are not validated there."):
+        return _reference.lattice_from_logits(logits, labels, blank)
     validate = label_lengths is not None
     if validate:
         labels_host, lengths_host = labels, label_lengths
@@ -210,6 +277,9 @@ def joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, label
     If the workspace cannot be allocated the op halves the tile, down to 1024 nodes, then
     raises ResourceExhaustedError.
 
+    Under XLA (`jit_compile=True`) the op lowers to a custom call on the same kernels and always
+    runs tiled (mode="untiled" keeps nothing there).
+
     GEMMs run in the input dtype with float32 accumulation (TF32 when TensorFlow allows it,
     `tf.config.experimental.enable_tensor_float_32_execution`); log-sum-exp and the lattice
     are float32. Results are deterministic (no atomics).
@@ -258,6 +328,13 @@ def joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, label
             labels.shape[1] + 1 != predictor.shape[1]:
         raise ValueError(f"labels [B, U] must have U = predictor.shape[1] - 1 = "
                          f"{predictor.shape[1] - 1}, got labels of shape {labels.shape}")
+    if _xla_fallback("joint_lattice", "keras.RNNTJoint", "It materializes the full "
+                     "[B, T, U+1, V] logits: rebuild the library against TensorFlow 2.21 "
+                     "for XLA kernels, or compile the model with jit_compile=False to keep the "
+                     "fused, tiled joint."):
+        lattice = _reference.joint_lattice(encoder, predictor, kernel, bias, labels, blank,
+                                           activation)
+        return _valid_node_mask(lattice, logit_lengths, label_lengths)
     lattice, _, _, _ = _lib().tf_rnnt_joint_lattice(
         encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths, labels,
         logit_lengths, label_lengths, **attrs)

@@ -1,0 +1,1051 @@
+// XLA support: each op (and gradient op) lowers to an XLA custom call ("typed FFI" API) whose
+// handlers, registered below for the Host and CUDA platforms, call the same core launchers as
+// the TensorFlow kernels. The kernels are registered for the XLA_CPU_JIT / XLA_GPU_JIT devices
+// directly in TensorFlow's kernel registry (not through XlaOpRegistry, whose kernels are only
+// registered once per process and would miss a library loaded after the first compilation).
+//
+// Under XLA every buffer has a static shape: the joint's packed log-sum-exp gets B * T * U1
+// entries (the first num_nodes are used), it always runs tiled (mode="untiled" keeps nothing),
+// and workspaces come from XLA (the FFI scratch allocator on the GPU). Lengths and labels are
+// validated on the host; on the GPU they are copied to the host on the op's stream, which
+// synchronizes it (the joint also needs the host lengths to plan its tiles).
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <initializer_list>
+#include <memory>
+#include <new>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "tensorflow/compiler/tf2xla/xla_op_kernel.h"
+#include "tensorflow/core/framework/kernel_def_builder.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/types.h"
+#include "tf_rnnt/node_math.h"
+#include "tf_rnnt/rnnt_core.h"
+#include "xla/ffi/api/c_api.h"
+#include "xla/ffi/api/ffi.h"
+#include "xla/hlo/builder/xla_builder.h"
+#include "xla/shape_util.h"
+
+#if TF_RNNT_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+extern "C" const XLA_FFI_Api* XLA_FFI_GetApi();
+
+namespace tf_rnnt {
+namespace {
+
+namespace ffi = ::xla::ffi;
+using ::tensorflow::XlaOpKernel;
+using ::tensorflow::XlaOpKernelContext;
+using ::tensorflow::errors::InvalidArgument;
+
+constexpr int64_t kDefaultGpuMemoryBudget = 256LL << 20;
+constexpr int64_t kDefaultCpuMemoryBudget = 64LL << 20;
+
+// ------------------------------------------------------------------ lowering helpers
+// An MLIR dictionary attribute, the backend config of a typed-FFI custom call.
+class AttrDict {
+ public:
+  AttrDict& i64(const char* name, int64_t v) {
+    return add(name, std::to_string(v) + " : i64");
+  }
+  AttrDict& f32(const char* name, float v) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.9e : f32", static_cast<double>(v));
+    return add(name, buf);
+  }
+  std::string str() const { return "{" + body_ + "}"; }
+
+ private:
+  AttrDict& add(const char* name, const std::string& value) {
+    if (!body_.empty()) body_ += ", ";
+    body_ += std::string(name) + " = " + value;
+    return *this;
+  }
+  std::string body_;
+};
+
+// Emits custom call `target` and sets the op's outputs `outputs[i]` to tuple element i.
+void emit_custom_call(XlaOpKernelContext* ctx, const char* target,
+                      const std::vector<::xla::XlaOp>& operands,
+                      const std::vector<::xla::Shape>& results, const AttrDict& attrs,
+                      const std::vector<int>& outputs) {
+  const ::xla::XlaOp call = ::xla::CustomCall(
+      ctx->builder(), target, operands, ::xla::ShapeUtil::MakeTupleShape(results), attrs.str(),
+      /*has_side_effect=*/false, /*output_operand_aliasing=*/{}, /*literal=*/nullptr,
+      ::xla::CustomCallSchedule::SCHEDULE_NONE,
+      ::xla::CustomCallApiVersion::API_VERSION_TYPED_FFI);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    ctx->SetOutput(outputs[i], ::xla::GetTupleElement(call, static_cast<int64_t>(i)));
+  }
+}
+
+bool static_dims(XlaOpKernelContext* ctx, int index, const char* name, int rank,
+                 std::vector<int64_t>* dims) {
+  auto shape = ctx->InputXlaShape(index);
+  if (!shape.ok()) {
+    ctx->CtxFailure(shape.status());
+    return false;
+  }
+  if (shape->dimensions().size() != rank || !shape->is_static()) {
+    ctx->CtxFailure(InvalidArgument(name, " must have a static shape of rank ", rank,
+                                    " under XLA, got ", shape->ToString()));
+    return false;
+  }
+  dims->assign(shape->dimensions().begin(), shape->dimensions().end());
+  return true;
+}
+
+bool normalize_blank(XlaOpKernelContext* ctx, int64_t blank_attr, int64_t V, int64_t* blank) {
+  *blank = blank_attr < 0 ? blank_attr + V : blank_attr;
+  if (*blank < 0 || *blank >= V) {
+    ctx->CtxFailure(InvalidArgument("blank = ", blank_attr, " must be in [-", V, ", ", V,
+                                    ") (V, the vocabulary size)"));
+    return false;
+  }
+  return true;
+}
+
+::xla::PrimitiveType xla_type(::tensorflow::DataType dt) {
+  switch (dt) {
+    case ::tensorflow::DT_HALF:
+      return ::xla::F16;
+    case ::tensorflow::DT_BFLOAT16:
+      return ::xla::BF16;
+    default:
+      return ::xla::F32;
+  }
+}
+
+// ------------------------------------------------------------------ XLA op kernels
+class LatticeLossXla : public XlaOpKernel {
+ public:
+  explicit LatticeLossXla(::tensorflow::OpKernelConstruction* ctx) : XlaOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("fastemit_lambda", &fastemit_lambda_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("clamp", &clamp_));
+  }
+
+  void Compile(XlaOpKernelContext* ctx) override {
+    std::vector<int64_t> d;
+    if (!static_dims(ctx, 0, "lattice", 4, &d)) return;
+    const auto f32 = [](std::vector<int64_t> dims) { return ::xla::ShapeUtil::MakeShape(::xla::F32, dims); };
+    emit_custom_call(ctx, "tf_rnnt_lattice_loss", {ctx->Input(0), ctx->Input(1), ctx->Input(2)},
+                     {f32({d[0]}), f32(d)},
+                     AttrDict().f32("fastemit_lambda", fastemit_lambda_).f32("clamp", clamp_),
+                     {0, 1});
+  }
+
+ private:
+  float fastemit_lambda_ = 0.f, clamp_ = -1.f;
+};
+
+class LogitsToLatticeXla : public XlaOpKernel {
+ public:
+  explicit LogitsToLatticeXla(::tensorflow::OpKernelConstruction* ctx) : XlaOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("blank", &blank_attr_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("validate_labels", &validate_));
+  }
+
+  void Compile(XlaOpKernelContext* ctx) override {
+    std::vector<int64_t> d;
+    if (!static_dims(ctx, 0, "logits", 4, &d)) return;
+    int64_t blank;
+    if (!normalize_blank(ctx, blank_attr_, d[3], &blank)) return;
+    const auto f32 = [](std::vector<int64_t> dims) { return ::xla::ShapeUtil::MakeShape(::xla::F32, dims); };
+    // Validation reads the labels and the label lengths (input 3); without it, an empty vector.
+    emit_custom_call(ctx, "tf_rnnt_logits_to_lattice",
+                     {ctx->Input(0), ctx->Input(1), ctx->Input(3)},
+                     {f32({d[0], d[1], d[2], 2}), f32({d[0], d[1], d[2]})},
+                     AttrDict().i64("blank", blank).i64("validate", validate_ ? 1 : 0), {0, 1});
+  }
+
+ private:
+  int blank_attr_ = 0;
+  bool validate_ = false;
+};
+
+class LogitsToLatticeGradXla : public XlaOpKernel {
+ public:
+  explicit LogitsToLatticeGradXla(::tensorflow::OpKernelConstruction* ctx) : XlaOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("blank", &blank_attr_));
+  }
+
+  void Compile(XlaOpKernelContext* ctx) override {
+    std::vector<int64_t> d;
+    if (!static_dims(ctx, 0, "logits", 4, &d)) return;
+    int64_t blank;
+    if (!normalize_blank(ctx, blank_attr_, d[3], &blank)) return;
+    emit_custom_call(ctx, "tf_rnnt_logits_to_lattice_grad",
+                     {ctx->Input(0), ctx->Input(1), ctx->Input(2), ctx->Input(3)},
+                     {::xla::ShapeUtil::MakeShape(xla_type(ctx->input_type(0)), d)},
+                     AttrDict().i64("blank", blank), {0});
+  }
+
+ private:
+  int blank_attr_ = 0;
+};
+
+struct JointXlaAttrs {
+  int blank_attr = 0;
+  int activation = kTanh;
+  int64_t tile_nodes = 0;
+  int64_t memory_budget = 0;
+  bool allow_tf32 = true;
+
+  explicit JointXlaAttrs(::tensorflow::OpKernelConstruction* ctx) {
+    std::string act;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("blank", &blank_attr));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("activation", &act));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("tile_nodes", &tile_nodes));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("memory_budget", &memory_budget));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("allow_tf32", &allow_tf32));
+    activation = act == "relu" ? kRelu : act == "identity" ? kIdentity : kTanh;
+  }
+
+  // [B, T, H], [B, U1, H], [H, V], [V], [B, U]: checks and returns B, T, U1, H, V and blank.
+  bool dims(XlaOpKernelContext* ctx, std::vector<int64_t>* enc, std::vector<int64_t>* pred,
+            std::vector<int64_t>* kernel, int64_t* blank) const {
+    std::vector<int64_t> bias, labels;
+    if (!static_dims(ctx, 0, "encoder", 3, enc) || !static_dims(ctx, 1, "predictor", 3, pred) ||
+        !static_dims(ctx, 2, "kernel", 2, kernel) || !static_dims(ctx, 3, "bias", 1, &bias) ||
+        !static_dims(ctx, 4, "labels", 2, &labels)) {
+      return false;
+    }
+    const int64_t B = (*enc)[0], H = (*enc)[2], U1 = (*pred)[1], V = (*kernel)[1];
+    if ((*pred)[0] != B || (*pred)[2] != H || (*kernel)[0] != H || bias[0] != V ||
+        labels[0] != B || labels[1] != U1 - 1 || U1 < 1 || V < 1) {
+      ctx->CtxFailure(InvalidArgument(
+          "joint_lattice: inconsistent shapes: encoder [B, T, H], predictor [B, U+1, H], kernel "
+          "[H, V], bias [V] and labels [B, U] expected"));
+      return false;
+    }
+    return normalize_blank(ctx, blank_attr, V, blank);
+  }
+
+  AttrDict dict(int64_t blank) const {
+    return AttrDict()
+        .i64("blank", blank)
+        .i64("activation", activation)
+        .i64("tile_nodes", tile_nodes)
+        .i64("memory_budget", memory_budget)
+        .i64("allow_tf32", allow_tf32 ? 1 : 0);
+  }
+};
+
+class JointLatticeXla : public XlaOpKernel {
+ public:
+  explicit JointLatticeXla(::tensorflow::OpKernelConstruction* ctx)
+      : XlaOpKernel(ctx), attrs_(ctx) {}
+
+  void Compile(XlaOpKernelContext* ctx) override {
+    std::vector<int64_t> enc, pred, kernel;
+    int64_t blank;
+    if (!attrs_.dims(ctx, &enc, &pred, &kernel, &blank)) return;
+    const int64_t B = enc[0], T = enc[1], U1 = pred[1];
+    std::vector<::xla::XlaOp> operands;
+    for (int i = 0; i < 7; ++i) operands.push_back(ctx->Input(i));
+    emit_custom_call(ctx, "tf_rnnt_joint_lattice", operands,
+                     {::xla::ShapeUtil::MakeShape(::xla::F32, {B, T, U1, 2}),
+                      ::xla::ShapeUtil::MakeShape(::xla::F32, {B * T * U1})},
+                     attrs_.dict(blank), {0, 1});
+    // Nothing is kept for the backward pass beyond the log-sum-exp.
+    const ::xla::XlaOp zero = ::xla::ConstantR0<float>(ctx->builder(), 0.f);
+    ctx->SetOutput(2, ::xla::Broadcast(::xla::ConvertElementType(zero, xla_type(ctx->input_type(0))),
+                                       {0, 1}));
+    ctx->SetOutput(3, ::xla::Broadcast(zero, {0, 1}));
+  }
+
+ private:
+  JointXlaAttrs attrs_;
+};
+
+class JointLatticeGradXla : public XlaOpKernel {
+ public:
+  explicit JointLatticeGradXla(::tensorflow::OpKernelConstruction* ctx)
+      : XlaOpKernel(ctx), attrs_(ctx) {}
+
+  void Compile(XlaOpKernelContext* ctx) override {
+    std::vector<int64_t> enc, pred, kernel;
+    int64_t blank;
+    if (!attrs_.dims(ctx, &enc, &pred, &kernel, &blank)) return;
+    std::vector<int64_t> lse;
+    if (!static_dims(ctx, 9, "lse", 1, &lse)) return;
+    const int64_t B = enc[0], T = enc[1], U1 = pred[1];
+    if (lse[0] != B * T * U1) {
+      ctx->CtxFailure(InvalidArgument("joint_lattice gradient: lse must have ", B * T * U1,
+                                      " entries under XLA, got ", lse[0]));
+      return;
+    }
+    std::vector<::xla::XlaOp> operands;
+    for (int i = 0; i < 7; ++i) operands.push_back(ctx->Input(i));
+    operands.push_back(ctx->Input(9));   // lse
+    operands.push_back(ctx->Input(10));  // d_lattice
+    const ::xla::PrimitiveType t = xla_type(ctx->input_type(0));
+    emit_custom_call(ctx, "tf_rnnt_joint_lattice_grad", operands,
+                     {::xla::ShapeUtil::MakeShape(t, enc), ::xla::ShapeUtil::MakeShape(t, pred),
+                      ::xla::ShapeUtil::MakeShape(t, kernel),
+                      ::xla::ShapeUtil::MakeShape(t, {kernel[1]})},
+                     attrs_.dict(blank), {0, 1, 2, 3});
+  }
+
+ private:
+  JointXlaAttrs attrs_;
+};
+
+#define TF_RNNT_XLA_KERNELS(DEVICE)                                                           \
+  REGISTER_KERNEL_BUILDER(Name("TfRnntLatticeLoss").Device(DEVICE), LatticeLossXla);          \
+  REGISTER_KERNEL_BUILDER(                                                                    \
+      Name("TfRnntLogitsToLattice")                                                           \
+          .Device(DEVICE)                                                                     \
+          .TypeConstraint("dtype", {::tensorflow::DT_FLOAT, ::tensorflow::DT_HALF,            \
+                                    ::tensorflow::DT_BFLOAT16}),                              \
+      LogitsToLatticeXla);                                                                    \
+  REGISTER_KERNEL_BUILDER(                                                                    \
+      Name("TfRnntLogitsToLatticeGrad")                                                       \
+          .Device(DEVICE)                                                                     \
+          .TypeConstraint("dtype", {::tensorflow::DT_FLOAT, ::tensorflow::DT_HALF,            \
+                                    ::tensorflow::DT_BFLOAT16}),                              \
+      LogitsToLatticeGradXla);                                                                \
+  REGISTER_KERNEL_BUILDER(                                                                    \
+      Name("TfRnntJointLattice")                                                              \
+          .Device(DEVICE)                                                                     \
+          .TypeConstraint("dtype", {::tensorflow::DT_FLOAT, ::tensorflow::DT_HALF,            \
+                                    ::tensorflow::DT_BFLOAT16}),                              \
+      JointLatticeXla);                                                                       \
+  REGISTER_KERNEL_BUILDER(                                                                    \
+      Name("TfRnntJointLatticeGrad")                                                          \
+          .Device(DEVICE)                                                                     \
+          .TypeConstraint("dtype", {::tensorflow::DT_FLOAT, ::tensorflow::DT_HALF,            \
+                                    ::tensorflow::DT_BFLOAT16}),                              \
+      JointLatticeGradXla);
+
+TF_RNNT_XLA_KERNELS(::tensorflow::DEVICE_CPU_XLA_JIT)
+#if TF_RNNT_WITH_CUDA
+TF_RNNT_XLA_KERNELS(::tensorflow::DEVICE_GPU_XLA_JIT)
+#endif
+
+// ------------------------------------------------------------------ custom-call handlers
+ffi::Error invalid(const std::string& message) { return ffi::Error::InvalidArgument(message); }
+
+ffi::Error from_core(const Status& s, const char* op) {
+  if (s.ok()) return ffi::Error::Success();
+  const std::string message = std::string(op) + ": " + s.message;
+  if (s.code == StatusCode::kInvalidArgument) return ffi::Error::InvalidArgument(message);
+  if (s.code == StatusCode::kResourceExhausted) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      message + ". Use a smaller tile_size or memory_budget, or a smaller batch.");
+  }
+  return ffi::Error::Internal(message);
+}
+
+bool core_dtype(ffi::DataType t, DType* dtype) {
+  switch (t) {
+    case ffi::DataType::F32:
+      *dtype = DType::kFloat32;
+      return true;
+    case ffi::DataType::F16:
+      *dtype = DType::kFloat16;
+      return true;
+    case ffi::DataType::BF16:
+      *dtype = DType::kBFloat16;
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Same messages as the TensorFlow kernels.
+ffi::Error check_lengths(const int32_t* logit, const int32_t* label, int64_t B, int64_t T,
+                         int64_t U) {
+  for (int64_t b = 0; b < B; ++b) {
+    if (logit && (logit[b] < 1 || logit[b] > T)) {
+      return invalid("logit_lengths[" + std::to_string(b) + "] = " + std::to_string(logit[b]) +
+                     " must be in [1, " + std::to_string(T) +
+                     "] (T, the padded number of frames)");
+    }
+    if (label[b] < 0 || label[b] > U) {
+      return invalid("label_lengths[" + std::to_string(b) + "] = " + std::to_string(label[b]) +
+                     " must be in [0, " + std::to_string(U) +
+                     "] (U, the padded number of labels)");
+    }
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error check_labels(const int32_t* labels, const int32_t* lengths, int64_t B, int64_t U,
+                        int64_t V, int64_t blank) {
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t u = 0; u < lengths[b]; ++u) {
+      const int32_t y = labels[b * U + u];
+      const std::string at = "labels[" + std::to_string(b) + ", " + std::to_string(u) + "] = " +
+                             std::to_string(y);
+      if (y < 0 || y >= V) {
+        return invalid(at + " must be in [0, " + std::to_string(V) + ") (V, the vocabulary size)");
+      }
+      if (y == blank) return invalid(at + " is the blank index; labels must not contain blank");
+    }
+  }
+  return ffi::Error::Success();
+}
+
+// ParallelFor on XLA's intra-op thread pool. The caller takes shards too and never waits for a
+// task that has not started, so it cannot deadlock when the pool is busy.
+ParallelFor pool_parallel_for(ffi::ThreadPool* pool) {
+  return [pool](int64_t total, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) {
+    if (total <= 0) return;
+    const int64_t threads = std::max<int64_t>(1, pool->num_threads());
+    // Shards of at least ~100k cycles; a few per thread for balance.
+    const int64_t min_shard = std::max<int64_t>(1, 100000 / std::max<int64_t>(cost, 1));
+    const int64_t shard = std::max(min_shard, (total + 4 * threads - 1) / (4 * threads));
+    const int64_t shards = (total + shard - 1) / shard;
+    if (shards == 1 || threads == 1) {
+      fn(0, total);
+      return;
+    }
+    struct State {
+      std::atomic<int64_t> next{0};
+      std::atomic<int64_t> done{0};
+      std::mutex mu;
+      std::condition_variable cv;
+    };
+    auto state = std::make_shared<State>();
+    auto work = [state, &fn, total, shard, shards]() {
+      for (;;) {
+        const int64_t i = state->next.fetch_add(1);
+        if (i >= shards) return;
+        fn(i * shard, std::min(total, (i + 1) * shard));
+        if (state->done.fetch_add(1) + 1 == shards) {
+          std::lock_guard<std::mutex> lock(state->mu);
+          state->cv.notify_all();
+        }
+      }
+    };
+    // Tasks that start after every shard is taken return at once (they hold `state` alive and
+    // never touch `fn`).
+    for (int64_t i = 1; i < std::min(threads, shards); ++i) {
+      pool->Schedule([state, shards, work]() {
+        if (state->next.load() < shards) work();
+      });
+    }
+    work();
+    std::unique_lock<std::mutex> lock(state->mu);
+    state->cv.wait(lock, [&] { return state->done.load() == shards; });
+  };
+}
+
+int64_t tile_nodes_for(const JointShape& shape, int64_t num_nodes, int64_t tile_attr,
+                       int64_t budget_attr, bool gpu) {
+  if (num_nodes == 0) return 1;
+  if (tile_attr > 0) return std::min(tile_attr, num_nodes);
+  const int64_t budget =
+      budget_attr > 0 ? budget_attr : gpu ? kDefaultGpuMemoryBudget : kDefaultCpuMemoryBudget;
+  auto bytes = [&](int64_t nodes) {
+    return static_cast<int64_t>(gpu ? joint_workspace_bytes_cuda(shape, nodes, true, false)
+                                    : joint_workspace_bytes_cpu(shape, nodes, true, false));
+  };
+  const int64_t per_node = (bytes(2048) - bytes(1024)) / 1024;
+  return std::max<int64_t>(1, std::min(num_nodes, budget / std::max<int64_t>(per_node, 1)));
+}
+
+// Shape of the joint from its buffers and attributes, with the lengths and labels checked.
+ffi::Error joint_shape(ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer kernel,
+                       int64_t blank, int64_t activation, int64_t allow_tf32,
+                       const int32_t* logit_lengths, const int32_t* label_lengths,
+                       const int32_t* labels, JointShape* s) {
+  const auto e = enc.dimensions();
+  const auto p = pred.dimensions();
+  const auto k = kernel.dimensions();
+  s->B = static_cast<int>(e[0]);
+  s->T = static_cast<int>(e[1]);
+  s->H = static_cast<int>(e[2]);
+  s->U1 = static_cast<int>(p[1]);
+  s->V = static_cast<int>(k[1]);
+  s->blank = static_cast<int>(blank);
+  s->activation = static_cast<int>(activation);
+  s->allow_tf32 = allow_tf32 != 0;
+  if (!core_dtype(enc.element_type(), &s->dtype)) return invalid("joint_lattice: unsupported dtype");
+  ffi::Error err = check_lengths(logit_lengths, label_lengths, s->B, s->T, s->U1 - 1);
+  if (err.failure()) return err;
+  if (labels) return check_labels(labels, label_lengths, s->B, s->U1 - 1, s->V, blank);
+  return ffi::Error::Success();
+}
+
+ffi::Error out_of_memory(size_t bytes, int64_t tile) {
+  return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                    "tf_rnnt.joint_lattice could not allocate its " + std::to_string(bytes) +
+                        "-byte workspace (" + std::to_string(tile) +
+                        " lattice nodes per tile). Use a smaller tile_size or memory_budget, or a "
+                        "smaller batch.");
+}
+
+// ---- Host
+ffi::Error lattice_loss_host(ffi::Buffer<ffi::F32> lattice, ffi::Buffer<ffi::S32> logit_lengths,
+                             ffi::Buffer<ffi::S32> label_lengths,
+                             ffi::ResultBuffer<ffi::F32> costs, ffi::ResultBuffer<ffi::F32> grads,
+                             float fastemit_lambda, float clamp, ffi::ThreadPool pool) {
+  const auto d = lattice.dimensions();
+  const int64_t B = d[0], T = d[1], U1 = d[2];
+  ffi::Error err = check_lengths(logit_lengths.typed_data(), label_lengths.typed_data(), B, T, U1 - 1);
+  if (err.failure()) return err;
+  if (B == 0) return ffi::Error::Success();
+  std::vector<float> alphas(B * T * U1), betas(B * T * U1);
+  LatticeLossOptions options;
+  options.fastemit_lambda = fastemit_lambda;
+  options.clamp = clamp;
+  return from_core(lattice_loss_cpu(lattice.typed_data(), logit_lengths.typed_data(),
+                                    label_lengths.typed_data(), B, T, U1, options,
+                                    costs->typed_data(), grads->typed_data(), alphas.data(),
+                                    betas.data(), pool_parallel_for(&pool)),
+                   "lattice_loss");
+}
+
+ffi::Error logits_to_lattice_host(ffi::AnyBuffer logits, ffi::Buffer<ffi::S32> labels,
+                                  ffi::Buffer<ffi::S32> label_lengths,
+                                  ffi::ResultBuffer<ffi::F32> lattice,
+                                  ffi::ResultBuffer<ffi::F32> lse, int64_t blank, int64_t validate,
+                                  ffi::ThreadPool pool) {
+  const auto d = logits.dimensions();
+  const int64_t B = d[0], T = d[1], U1 = d[2], V = d[3];
+  DType dtype;
+  if (!core_dtype(logits.element_type(), &dtype)) return invalid("logits_to_lattice: unsupported dtype");
+  if (validate) {
+    ffi::Error err = check_lengths(nullptr, label_lengths.typed_data(), B, T, U1 - 1);
+    if (err.failure()) return err;
+    err = check_labels(labels.typed_data(), label_lengths.typed_data(), B, U1 - 1, V, blank);
+    if (err.failure()) return err;
+  }
+  return from_core(logits_to_lattice_cpu(logits.untyped_data(), dtype, labels.typed_data(), B, T,
+                                         U1, V, blank, lattice->typed_data(), lse->typed_data(),
+                                         pool_parallel_for(&pool)),
+                   "logits_to_lattice");
+}
+
+ffi::Error logits_to_lattice_grad_host(ffi::AnyBuffer logits, ffi::Buffer<ffi::S32> labels,
+                                       ffi::Buffer<ffi::F32> lse, ffi::Buffer<ffi::F32> d_lattice,
+                                       ffi::Result<ffi::AnyBuffer> d_logits, int64_t blank,
+                                       ffi::ThreadPool pool) {
+  const auto d = logits.dimensions();
+  DType dtype;
+  if (!core_dtype(logits.element_type(), &dtype)) return invalid("logits_to_lattice: unsupported dtype");
+  return from_core(logits_to_lattice_grad_cpu(logits.untyped_data(), dtype, labels.typed_data(),
+                                              d[0], d[1], d[2], d[3], blank, lse.typed_data(),
+                                              d_lattice.typed_data(), d_logits->untyped_data(),
+                                              pool_parallel_for(&pool)),
+                   "logits_to_lattice gradient");
+}
+
+template <typename Args>
+void fill_joint_inputs(ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer kernel,
+                       ffi::AnyBuffer bias, const int32_t* labels, Args* a) {
+  a->encoder = enc.untyped_data();
+  a->predictor = pred.untyped_data();
+  a->kernel = kernel.untyped_data();
+  a->bias = bias.untyped_data();
+  a->labels = labels;
+}
+
+ffi::Error joint_lattice_host(ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer kernel,
+                              ffi::AnyBuffer bias, ffi::Buffer<ffi::S32> labels,
+                              ffi::Buffer<ffi::S32> logit_lengths,
+                              ffi::Buffer<ffi::S32> label_lengths,
+                              ffi::ResultBuffer<ffi::F32> lattice, ffi::ResultBuffer<ffi::F32> lse,
+                              int64_t blank, int64_t activation, int64_t tile_attr,
+                              int64_t budget_attr, int64_t allow_tf32, ffi::ThreadPool pool) {
+  JointShape s;
+  ffi::Error err = joint_shape(enc, pred, kernel, blank, activation, allow_tf32,
+                               logit_lengths.typed_data(), label_lengths.typed_data(),
+                               labels.typed_data(), &s);
+  if (err.failure()) return err;
+  std::vector<int64_t> offsets(s.B + 1);
+  joint_node_offsets(logit_lengths.typed_data(), label_lengths.typed_data(), s.B, offsets.data());
+  JointForwardArgs a{};
+  fill_joint_inputs(enc, pred, kernel, bias, labels.typed_data(), &a);
+  a.logit_lengths = a.host_logit_lengths = logit_lengths.typed_data();
+  a.label_lengths = a.host_label_lengths = label_lengths.typed_data();
+  a.node_offsets = a.host_node_offsets = offsets.data();
+  a.num_nodes = offsets[s.B];
+  a.tile_nodes = tile_nodes_for(s, a.num_nodes, tile_attr, budget_attr, false);
+  const size_t bytes = std::max<size_t>(1, joint_workspace_bytes_cpu(s, a.tile_nodes, false, false));
+  std::unique_ptr<char[]> workspace(new (std::nothrow) char[bytes]);  // uninitialized
+  if (!workspace) return out_of_memory(bytes, a.tile_nodes);
+  a.workspace = workspace.get();
+  a.lattice = lattice->typed_data();
+  a.lse = lse->typed_data();
+  return from_core(joint_forward_cpu(s, a, pool_parallel_for(&pool)), "joint_lattice");
+}
+
+ffi::Error joint_lattice_grad_host(
+    ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer kernel, ffi::AnyBuffer bias,
+    ffi::Buffer<ffi::S32> labels, ffi::Buffer<ffi::S32> logit_lengths,
+    ffi::Buffer<ffi::S32> label_lengths, ffi::Buffer<ffi::F32> lse,
+    ffi::Buffer<ffi::F32> d_lattice, ffi::Result<ffi::AnyBuffer> d_enc,
+    ffi::Result<ffi::AnyBuffer> d_pred, ffi::Result<ffi::AnyBuffer> d_kernel,
+    ffi::Result<ffi::AnyBuffer> d_bias, int64_t blank, int64_t activation, int64_t tile_attr,
+    int64_t budget_attr, int64_t allow_tf32, ffi::ThreadPool pool) {
+  JointShape s;
+  ffi::Error err = joint_shape(enc, pred, kernel, blank, activation, allow_tf32,
+                               logit_lengths.typed_data(), label_lengths.typed_data(), nullptr, &s);
+  if (err.failure()) return err;
+  std::vector<int64_t> offsets(s.B + 1);
+  joint_node_offsets(logit_lengths.typed_data(), label_lengths.typed_data(), s.B, offsets.data());
+  JointBackwardArgs a{};
+  fill_joint_inputs(enc, pred, kernel, bias, labels.typed_data(), &a);
+  a.logit_lengths = a.host_logit_lengths = logit_lengths.typed_data();
+  a.label_lengths = a.host_label_lengths = label_lengths.typed_data();
+  a.node_offsets = a.host_node_offsets = offsets.data();
+  a.num_nodes = offsets[s.B];
+  a.tile_nodes = tile_nodes_for(s, a.num_nodes, tile_attr, budget_attr, false);
+  const size_t bytes = std::max<size_t>(1, joint_workspace_bytes_cpu(s, a.tile_nodes, true, false));
+  std::unique_ptr<char[]> workspace(new (std::nothrow) char[bytes]);  // uninitialized
+  if (!workspace) return out_of_memory(bytes, a.tile_nodes);
+  a.workspace = workspace.get();
+  a.lse = lse.typed_data();
+  a.d_lattice = d_lattice.typed_data();
+  // float32 accumulators: the results themselves for float32 inputs.
+  ffi::Result<ffi::AnyBuffer>* outs[4] = {&d_enc, &d_pred, &d_kernel, &d_bias};
+  const bool float_io = s.dtype == DType::kFloat32;
+  std::vector<float> acc[4];
+  float* acc_ptr[4];
+  for (int i = 0; i < 4; ++i) {
+    if (float_io) {
+      acc_ptr[i] = static_cast<float*>((*outs[i])->untyped_data());
+    } else {
+      acc[i].resize((*outs[i])->element_count());
+      acc_ptr[i] = acc[i].data();
+    }
+  }
+  a.d_encoder = acc_ptr[0];
+  a.d_predictor = acc_ptr[1];
+  a.d_kernel = acc_ptr[2];
+  a.d_bias = acc_ptr[3];
+  err = from_core(joint_backward_cpu(s, a, pool_parallel_for(&pool)), "joint_lattice gradient");
+  if (err.failure() || float_io) return err;
+  const bool half = s.dtype == DType::kFloat16;
+  for (int i = 0; i < 4; ++i) {
+    auto* bits = static_cast<uint16_t*>((*outs[i])->untyped_data());
+    for (size_t j = 0; j < acc[i].size(); ++j) {
+      bits[j] = half ? float_to_half_bits(acc[i][j]) : float_to_bf16_bits(acc[i][j]);
+    }
+  }
+  return ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER(kLatticeLossHost, lattice_loss_host,
+                       ffi::Ffi::Bind()
+                           .Arg<ffi::Buffer<ffi::F32>>()
+                           .Arg<ffi::Buffer<ffi::S32>>()
+                           .Arg<ffi::Buffer<ffi::S32>>()
+                           .Ret<ffi::Buffer<ffi::F32>>()
+                           .Ret<ffi::Buffer<ffi::F32>>()
+                           .Attr<float>("fastemit_lambda")
+                           .Attr<float>("clamp")
+                           .Ctx<ffi::ThreadPool>());
+
+XLA_FFI_DEFINE_HANDLER(kLogitsToLatticeHost, logits_to_lattice_host,
+                       ffi::Ffi::Bind()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::Buffer<ffi::S32>>()
+                           .Arg<ffi::Buffer<ffi::S32>>()
+                           .Ret<ffi::Buffer<ffi::F32>>()
+                           .Ret<ffi::Buffer<ffi::F32>>()
+                           .Attr<int64_t>("blank")
+                           .Attr<int64_t>("validate")
+                           .Ctx<ffi::ThreadPool>());
+
+XLA_FFI_DEFINE_HANDLER(kLogitsToLatticeGradHost, logits_to_lattice_grad_host,
+                       ffi::Ffi::Bind()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::Buffer<ffi::S32>>()
+                           .Arg<ffi::Buffer<ffi::F32>>()
+                           .Arg<ffi::Buffer<ffi::F32>>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<int64_t>("blank")
+                           .Ctx<ffi::ThreadPool>());
+
+#define TF_RNNT_JOINT_FFI_ATTRS                  \
+  Attr<int64_t>("blank")                         \
+      .Attr<int64_t>("activation")               \
+      .Attr<int64_t>("tile_nodes")               \
+      .Attr<int64_t>("memory_budget")            \
+      .Attr<int64_t>("allow_tf32")
+
+#define TF_RNNT_JOINT_FFI_INPUTS     \
+  Arg<ffi::AnyBuffer>()              \
+      .Arg<ffi::AnyBuffer>()         \
+      .Arg<ffi::AnyBuffer>()         \
+      .Arg<ffi::AnyBuffer>()         \
+      .Arg<ffi::Buffer<ffi::S32>>()  \
+      .Arg<ffi::Buffer<ffi::S32>>()  \
+      .Arg<ffi::Buffer<ffi::S32>>()
+
+XLA_FFI_DEFINE_HANDLER(kJointLatticeHost, joint_lattice_host,
+                       ffi::Ffi::Bind()
+                           .TF_RNNT_JOINT_FFI_INPUTS.Ret<ffi::Buffer<ffi::F32>>()
+                           .Ret<ffi::Buffer<ffi::F32>>()
+                           .TF_RNNT_JOINT_FFI_ATTRS.Ctx<ffi::ThreadPool>());
+
+XLA_FFI_DEFINE_HANDLER(kJointLatticeGradHost, joint_lattice_grad_host,
+                       ffi::Ffi::Bind()
+                           .TF_RNNT_JOINT_FFI_INPUTS.Arg<ffi::Buffer<ffi::F32>>()
+                           .Arg<ffi::Buffer<ffi::F32>>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .TF_RNNT_JOINT_FFI_ATTRS.Ctx<ffi::ThreadPool>());
+
+// ---- CUDA
+#if TF_RNNT_WITH_CUDA
+using CudaStream = cudaStream_t;
+
+ffi::Error cuda_error(cudaError_t e, const char* op) {
+  return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorName(e));
+}
+
+struct HostCopy {
+  const int32_t* device;
+  size_t count;
+  std::vector<int32_t>* host;
+};
+
+// Copies device int32 buffers to the host and waits for the stream (one synchronization for all).
+ffi::Error to_host(std::initializer_list<HostCopy> copies, CudaStream stream, const char* op) {
+  for (const HostCopy& c : copies) {
+    c.host->resize(c.count);
+    if (c.count == 0) continue;
+    const cudaError_t e = cudaMemcpyAsync(c.host->data(), c.device, c.count * sizeof(int32_t),
+                                          cudaMemcpyDeviceToHost, stream);
+    if (e != cudaSuccess) return cuda_error(e, op);
+  }
+  const cudaError_t e = cudaStreamSynchronize(stream);
+  return e == cudaSuccess ? ffi::Error::Success() : cuda_error(e, op);
+}
+
+ffi::Error scratch(ffi::ScratchAllocator& alloc, size_t bytes, void** ptr, const char* what) {
+  auto p = alloc.Allocate(std::max<size_t>(bytes, 1), 256);
+  if (!p.has_value()) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      std::string("could not allocate ") + std::to_string(bytes) + " bytes for " +
+                          what + ". Use a smaller tile_size or memory_budget, or a smaller batch.");
+  }
+  *ptr = *p;
+  return ffi::Error::Success();
+}
+
+ffi::Error lattice_loss_cuda_ffi(CudaStream stream, ffi::ScratchAllocator alloc,
+                                 ffi::Buffer<ffi::F32> lattice,
+                                 ffi::Buffer<ffi::S32> logit_lengths,
+                                 ffi::Buffer<ffi::S32> label_lengths,
+                                 ffi::ResultBuffer<ffi::F32> costs,
+                                 ffi::ResultBuffer<ffi::F32> grads, float fastemit_lambda,
+                                 float clamp) {
+  const auto d = lattice.dimensions();
+  const int64_t B = d[0], T = d[1], U1 = d[2];
+  std::vector<int32_t> logit, label;
+  ffi::Error err = to_host({{logit_lengths.typed_data(), static_cast<size_t>(B), &logit},
+                            {label_lengths.typed_data(), static_cast<size_t>(B), &label}},
+                           stream, "lattice_loss");
+  if (err.failure()) return err;
+  err = check_lengths(logit.data(), label.data(), B, T, U1 - 1);
+  if (err.failure() || B == 0) return err;
+  void *alphas, *betas;
+  const size_t bytes = sizeof(float) * B * T * U1;
+  if ((err = scratch(alloc, bytes, &alphas, "lattice_loss alphas")).failure()) return err;
+  if ((err = scratch(alloc, bytes, &betas, "lattice_loss betas")).failure()) return err;
+  LatticeLossOptions options;
+  options.fastemit_lambda = fastemit_lambda;
+  options.clamp = clamp;
+  return from_core(lattice_loss_cuda(lattice.typed_data(), logit_lengths.typed_data(),
+                                     label_lengths.typed_data(), B, T, U1, options,
+                                     costs->typed_data(), grads->typed_data(),
+                                     static_cast<float*>(alphas), static_cast<float*>(betas),
+                                     stream),
+                   "lattice_loss");
+}
+
+ffi::Error logits_to_lattice_cuda_ffi(CudaStream stream, ffi::AnyBuffer logits,
+                                      ffi::Buffer<ffi::S32> labels,
+                                      ffi::Buffer<ffi::S32> label_lengths,
+                                      ffi::ResultBuffer<ffi::F32> lattice,
+                                      ffi::ResultBuffer<ffi::F32> lse, int64_t blank,
+                                      int64_t validate) {
+  const auto d = logits.dimensions();
+  const int64_t B = d[0], T = d[1], U1 = d[2], V = d[3];
+  DType dtype;
+  if (!core_dtype(logits.element_type(), &dtype)) return invalid("logits_to_lattice: unsupported dtype");
+  if (validate) {
+    std::vector<int32_t> lab, len;
+    ffi::Error err = to_host({{label_lengths.typed_data(), static_cast<size_t>(B), &len},
+                              {labels.typed_data(), static_cast<size_t>(B * (U1 - 1)), &lab}},
+                             stream, "logits_to_lattice");
+    if (err.failure()) return err;
+    err = check_lengths(nullptr, len.data(), B, T, U1 - 1);
+    if (err.failure()) return err;
+    err = check_labels(lab.data(), len.data(), B, U1 - 1, V, blank);
+    if (err.failure()) return err;
+  }
+  return from_core(logits_to_lattice_cuda(logits.untyped_data(), dtype, labels.typed_data(), B, T,
+                                          U1, V, blank, lattice->typed_data(), lse->typed_data(),
+                                          stream),
+                   "logits_to_lattice");
+}
+
+ffi::Error logits_to_lattice_grad_cuda_ffi(CudaStream stream, ffi::AnyBuffer logits,
+                                           ffi::Buffer<ffi::S32> labels, ffi::Buffer<ffi::F32> lse,
+                                           ffi::Buffer<ffi::F32> d_lattice,
+                                           ffi::Result<ffi::AnyBuffer> d_logits, int64_t blank) {
+  const auto d = logits.dimensions();
+  DType dtype;
+  if (!core_dtype(logits.element_type(), &dtype)) return invalid("logits_to_lattice: unsupported dtype");
+  return from_core(logits_to_lattice_grad_cuda(logits.untyped_data(), dtype, labels.typed_data(),
+                                               d[0], d[1], d[2], d[3], blank, lse.typed_data(),
+                                               d_lattice.typed_data(), d_logits->untyped_data(),
+                                               stream),
+                   "logits_to_lattice gradient");
+}
+
+// Host lengths (checked), host and device packed offsets, tile and workspace for the GPU joint.
+struct GpuJointPlan {
+  JointShape shape;
+  std::vector<int32_t> logit, label;
+  std::vector<int64_t> offsets;
+  int64_t tile = 1;
+  void* workspace = nullptr;
+  int64_t* device_offsets = nullptr;
+
+  ffi::Error init(CudaStream stream, ffi::ScratchAllocator& alloc, ffi::AnyBuffer enc,
+                  ffi::AnyBuffer pred, ffi::AnyBuffer kernel, ffi::Buffer<ffi::S32> labels,
+                  ffi::Buffer<ffi::S32> logit_lengths, ffi::Buffer<ffi::S32> label_lengths,
+                  int64_t blank, int64_t activation, int64_t tile_attr, int64_t budget_attr,
+                  int64_t allow_tf32, bool backward) {
+    const int64_t B = enc.dimensions()[0], U = pred.dimensions()[1] - 1;
+    const char* op = backward ? "joint_lattice gradient" : "joint_lattice";
+    // The backward pass needs no labels on the host (the forward pass checked them).
+    std::vector<int32_t> host_labels;
+    const size_t b = static_cast<size_t>(B);
+    ffi::Error err =
+        backward ? to_host({{logit_lengths.typed_data(), b, &logit},
+                            {label_lengths.typed_data(), b, &label}},
+                           stream, op)
+                 : to_host({{logit_lengths.typed_data(), b, &logit},
+                            {label_lengths.typed_data(), b, &label},
+                            {labels.typed_data(), b * static_cast<size_t>(U), &host_labels}},
+                           stream, op);
+    if (err.failure()) return err;
+    err = joint_shape(enc, pred, kernel, blank, activation, allow_tf32, logit.data(), label.data(),
+                      backward ? nullptr : host_labels.data(), &shape);
+    if (err.failure()) return err;
+    offsets.resize(B + 1);
+    joint_node_offsets(logit.data(), label.data(), shape.B, offsets.data());
+    void* dev = nullptr;
+    if ((err = scratch(alloc, sizeof(int64_t) * (B + 1), &dev, "node offsets")).failure()) return err;
+    device_offsets = static_cast<int64_t*>(dev);
+    err = from_core(joint_node_offsets_cuda(logit_lengths.typed_data(), label_lengths.typed_data(),
+                                            shape.B, device_offsets, stream),
+                    op);
+    if (err.failure()) return err;
+    // Halve the tile while the workspace cannot be allocated, down to 1024 nodes.
+    tile = tile_nodes_for(shape, offsets[B], tile_attr, budget_attr, true);
+    for (;;) {
+      const size_t bytes = joint_workspace_bytes_cuda(shape, tile, backward, false);
+      auto p = alloc.Allocate(std::max<size_t>(bytes, 1), 256);
+      if (p.has_value()) {
+        workspace = *p;
+        return ffi::Error::Success();
+      }
+      if (tile <= 1024) {
+        return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                          std::string("tf_rnnt.joint_lattice could not allocate its ") +
+                              std::to_string(bytes) + "-byte workspace (" + std::to_string(tile) +
+                              " lattice nodes per tile). Use a smaller tile_size or "
+                              "memory_budget, or a smaller batch.");
+      }
+      tile /= 2;
+    }
+  }
+
+  template <typename Args>
+  void fill(Args* a, ffi::Buffer<ffi::S32> logit_lengths, ffi::Buffer<ffi::S32> label_lengths) {
+    a->logit_lengths = logit_lengths.typed_data();
+    a->label_lengths = label_lengths.typed_data();
+    a->node_offsets = device_offsets;
+    a->host_node_offsets = offsets.data();
+    a->host_logit_lengths = logit.data();
+    a->host_label_lengths = label.data();
+    a->num_nodes = offsets[shape.B];
+    a->tile_nodes = tile;
+    a->workspace = workspace;
+  }
+};
+
+ffi::Error joint_lattice_cuda_ffi(CudaStream stream, ffi::ScratchAllocator alloc,
+                                  ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer kernel,
+                                  ffi::AnyBuffer bias, ffi::Buffer<ffi::S32> labels,
+                                  ffi::Buffer<ffi::S32> logit_lengths,
+                                  ffi::Buffer<ffi::S32> label_lengths,
+                                  ffi::ResultBuffer<ffi::F32> lattice,
+                                  ffi::ResultBuffer<ffi::F32> lse, int64_t blank,
+                                  int64_t activation, int64_t tile_attr, int64_t budget_attr,
+                                  int64_t allow_tf32) {
+  GpuJointPlan plan;
+  ffi::Error err = plan.init(stream, alloc, enc, pred, kernel, labels, logit_lengths,
+                             label_lengths, blank, activation, tile_attr, budget_attr, allow_tf32,
+                             false);
+  if (err.failure()) return err;
+  JointForwardArgs a{};
+  fill_joint_inputs(enc, pred, kernel, bias, labels.typed_data(), &a);
+  plan.fill(&a, logit_lengths, label_lengths);
+  a.lattice = lattice->typed_data();
+  a.lse = lse->typed_data();
+  return from_core(joint_forward_cuda(plan.shape, a, stream), "joint_lattice");
+}
+
+ffi::Error joint_lattice_grad_cuda_ffi(
+    CudaStream stream, ffi::ScratchAllocator alloc, ffi::AnyBuffer enc, ffi::AnyBuffer pred,
+    ffi::AnyBuffer kernel, ffi::AnyBuffer bias, ffi::Buffer<ffi::S32> labels,
+    ffi::Buffer<ffi::S32> logit_lengths, ffi::Buffer<ffi::S32> label_lengths,
+    ffi::Buffer<ffi::F32> lse, ffi::Buffer<ffi::F32> d_lattice, ffi::Result<ffi::AnyBuffer> d_enc,
+    ffi::Result<ffi::AnyBuffer> d_pred, ffi::Result<ffi::AnyBuffer> d_kernel,
+    ffi::Result<ffi::AnyBuffer> d_bias, int64_t blank, int64_t activation, int64_t tile_attr,
+    int64_t budget_attr, int64_t allow_tf32) {
+  GpuJointPlan plan;
+  ffi::Error err = plan.init(stream, alloc, enc, pred, kernel, labels, logit_lengths,
+                             label_lengths, blank, activation, tile_attr, budget_attr, allow_tf32,
+                             true);
+  if (err.failure()) return err;
+  JointBackwardArgs a{};
+  fill_joint_inputs(enc, pred, kernel, bias, labels.typed_data(), &a);
+  plan.fill(&a, logit_lengths, label_lengths);
+  a.lse = lse.typed_data();
+  a.d_lattice = d_lattice.typed_data();
+  ffi::Result<ffi::AnyBuffer>* outs[4] = {&d_enc, &d_pred, &d_kernel, &d_bias};
+  const bool float_io = plan.shape.dtype == DType::kFloat32;
+  float* acc[4];
+  for (int i = 0; i < 4; ++i) {
+    if (float_io) {
+      acc[i] = static_cast<float*>((*outs[i])->untyped_data());
+    } else {
+      void* p = nullptr;
+      err = scratch(alloc, sizeof(float) * (*outs[i])->element_count(), &p,
+                    "joint_lattice gradient accumulators");
+      if (err.failure()) return err;
+      acc[i] = static_cast<float*>(p);
+    }
+  }
+  a.d_encoder = acc[0];
+  a.d_predictor = acc[1];
+  a.d_kernel = acc[2];
+  a.d_bias = acc[3];
+  err = from_core(joint_backward_cuda(plan.shape, a, stream), "joint_lattice gradient");
+  if (err.failure() || float_io) return err;
+  for (int i = 0; i < 4; ++i) {
+    err = from_core(cast_float_cuda(acc[i], (*outs[i])->untyped_data(), plan.shape.dtype,
+                                    (*outs[i])->element_count(), stream),
+                    "joint_lattice gradient");
+    if (err.failure()) return err;
+  }
+  return ffi::Error::Success();
+}
+
+#define TF_RNNT_CUDA_CTX Ctx<ffi::PlatformStream<CudaStream>>()
+
+XLA_FFI_DEFINE_HANDLER(kLatticeLossCuda, lattice_loss_cuda_ffi,
+                       ffi::Ffi::Bind()
+                           .TF_RNNT_CUDA_CTX.Ctx<ffi::ScratchAllocator>()
+                           .Arg<ffi::Buffer<ffi::F32>>()
+                           .Arg<ffi::Buffer<ffi::S32>>()
+                           .Arg<ffi::Buffer<ffi::S32>>()
+                           .Ret<ffi::Buffer<ffi::F32>>()
+                           .Ret<ffi::Buffer<ffi::F32>>()
+                           .Attr<float>("fastemit_lambda")
+                           .Attr<float>("clamp"));
+
+XLA_FFI_DEFINE_HANDLER(kLogitsToLatticeCuda, logits_to_lattice_cuda_ffi,
+                       ffi::Ffi::Bind()
+                           .TF_RNNT_CUDA_CTX.Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::Buffer<ffi::S32>>()
+                           .Arg<ffi::Buffer<ffi::S32>>()
+                           .Ret<ffi::Buffer<ffi::F32>>()
+                           .Ret<ffi::Buffer<ffi::F32>>()
+                           .Attr<int64_t>("blank")
+                           .Attr<int64_t>("validate"));
+
+XLA_FFI_DEFINE_HANDLER(kLogitsToLatticeGradCuda, logits_to_lattice_grad_cuda_ffi,
+                       ffi::Ffi::Bind()
+                           .TF_RNNT_CUDA_CTX.Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::Buffer<ffi::S32>>()
+                           .Arg<ffi::Buffer<ffi::F32>>()
+                           .Arg<ffi::Buffer<ffi::F32>>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<int64_t>("blank"));
+
+XLA_FFI_DEFINE_HANDLER(kJointLatticeCuda, joint_lattice_cuda_ffi,
+                       ffi::Ffi::Bind()
+                           .TF_RNNT_CUDA_CTX.Ctx<ffi::ScratchAllocator>()
+                           .TF_RNNT_JOINT_FFI_INPUTS.Ret<ffi::Buffer<ffi::F32>>()
+                           .Ret<ffi::Buffer<ffi::F32>>()
+                           .TF_RNNT_JOINT_FFI_ATTRS);
+
+XLA_FFI_DEFINE_HANDLER(kJointLatticeGradCuda, joint_lattice_grad_cuda_ffi,
+                       ffi::Ffi::Bind()
+                           .TF_RNNT_CUDA_CTX.Ctx<ffi::ScratchAllocator>()
+                           .TF_RNNT_JOINT_FFI_INPUTS.Arg<ffi::Buffer<ffi::F32>>()
+                           .Arg<ffi::Buffer<ffi::F32>>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .TF_RNNT_JOINT_FFI_ATTRS);
+#endif  // TF_RNNT_WITH_CUDA
+
+// ------------------------------------------------------------------ registration
+void register_handler(const XLA_FFI_Api* api, const char* name, const char* platform,
+                      XLA_FFI_Handler* handler) {
+  XLA_FFI_Handler_Register_Args args;
+  std::memset(&args, 0, sizeof(args));
+  args.struct_size = XLA_FFI_Handler_Register_Args_STRUCT_SIZE;
+  args.name = XLA_FFI_ByteSpan{name, std::strlen(name)};
+  args.platform = XLA_FFI_ByteSpan{platform, std::strlen(platform)};
+  args.bundle.execute = handler;
+  if (XLA_FFI_Error* error = api->XLA_FFI_Handler_Register(&args)) {
+    XLA_FFI_Error_GetMessage_Args message;
+    std::memset(&message, 0, sizeof(message));
+    message.struct_size = XLA_FFI_Error_GetMessage_Args_STRUCT_SIZE;
+    message.error = error;
+    api->XLA_FFI_Error_GetMessage(&message);
+    std::fprintf(stderr, "tf_rnnt: could not register XLA custom call %s for %s: %s\n", name,
+                 platform, message.message);
+    XLA_FFI_Error_Destroy_Args destroy;
+    std::memset(&destroy, 0, sizeof(destroy));
+    destroy.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
+    destroy.error = error;
+    api->XLA_FFI_Error_Destroy(&destroy);
+  }
+}
+
+const bool kHandlersRegistered = [] {
+  const XLA_FFI_Api* api = XLA_FFI_GetApi();
+  register_handler(api, "tf_rnnt_lattice_loss", "Host", kLatticeLossHost);
+  register_handler(api, "tf_rnnt_logits_to_lattice", "Host", kLogitsToLatticeHost);
+  register_handler(api, "tf_rnnt_logits_to_lattice_grad", "Host", kLogitsToLatticeGradHost);
+  register_handler(api, "tf_rnnt_joint_lattice", "Host", kJointLatticeHost);
+  register_handler(api, "tf_rnnt_joint_lattice_grad", "Host", kJointLatticeGradHost);
+#if TF_RNNT_WITH_CUDA
+  register_handler(api, "tf_rnnt_lattice_loss", "CUDA", kLatticeLossCuda);
+  register_handler(api, "tf_rnnt_logits_to_lattice", "CUDA", kLogitsToLatticeCuda);
+  register_handler(api, "tf_rnnt_logits_to_lattice_grad", "CUDA", kLogitsToLatticeGradCuda);
+  register_handler(api, "tf_rnnt_joint_lattice", "CUDA", kJointLatticeCuda);
+  register_handler(api, "tf_rnnt_joint_lattice_grad", "CUDA", kJointLatticeGradCuda);
+#endif
+  return true;
+}();
+
+}  // namespace
+}  // namespace tf_rnnt
