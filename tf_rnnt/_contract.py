@@ -148,6 +148,16 @@ def check_clamp(value, owner, name="clamp"):
     return float(value)
 
 
+def check_vocabulary_size(vocab_size, name, owner):
+    """ValueError when the statically known vocabulary size `vocab_size` (int or None) is 0.
+
+    `name` is the input whose last axis is the vocabulary (e.g. "kernel", "logits").
+    """
+    if vocab_size == 0:
+        raise ValueError(f"{owner}: {name} must have a non-empty vocabulary (last axis V >= 1), "
+                         "got V = 0")
+
+
 def check_blank(value, owner, vocab_size=None, name="blank"):
     """The blank index as a Python int, not yet normalized.
 
@@ -173,7 +183,7 @@ def normalized_blank(blank, vocab_size, owner, name="blank"):
     """`blank` in `[0, V)` as an int32 tensor, checked against a possibly dynamic `V`.
 
     Args:
-      blank: a Python int from `check_blank`.
+      blank: a Python int from `check_blank`, or an int32 scalar tensor.
       vocab_size: `V`, a Python int or an int32 scalar tensor.
       owner: the public function, for the message.
       name: the argument name, for the message.
@@ -182,9 +192,10 @@ def normalized_blank(blank, vocab_size, owner, name="blank"):
       int32 scalar tensor `blank mod V`; when `V` is a tensor, it carries a check that
       raises InvalidArgumentError at run time if `blank` is outside `[-V, V)` (or `V` is 0).
     """
-    if isinstance(vocab_size, int):
+    if isinstance(vocab_size, int) and isinstance(blank, int):
         return tf.constant(check_blank(blank, owner, vocab_size, name) % vocab_size, tf.int32)
-    blank = tf.constant(blank, tf.int32)
+    blank = tf.convert_to_tensor(blank, tf.int32)
+    vocab_size = tf.convert_to_tensor(vocab_size, tf.int32)
     check = tf.debugging.Assert(
         (vocab_size > 0) & (blank >= -vocab_size) & (blank < vocab_size),
         [f"{owner}: {name} must be in [-V, V) for the vocabulary size V; blank, V =", blank,
