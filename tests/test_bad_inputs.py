@@ -52,6 +52,7 @@ ENTRY_POINTS = {
 REFERENCES = {"reference.lattice_loss", "reference.rnnt_loss", "reference.flash_rnnt_loss"}
 # Label values are only checked by the losses of the joint ops and of full logits.
 NOT_LABEL_CHECKERS = REFERENCES | {"logits_to_lattice"}
+LABEL_CHECKERS = {e for e in ENTRY_POINTS if "labels" in ENTRY_POINTS[e][1]} - NOT_LABEL_CHECKERS
 
 
 def _valid_args():
@@ -89,7 +90,7 @@ TENSOR_CASES = [
     ("label_ge_V", "labels", lambda a: _set(a, (0, 1), 23), ("labels",), "23", NOT_LABEL_CHECKERS),
     ("label_negative", "labels", lambda a: _set(a, (1, 0), -3), ("labels",), "-3", NOT_LABEL_CHECKERS),
     ("label_is_blank", "labels", lambda a: _set(a, (0, 0), 0), ("labels",), None,
-     NOT_LABEL_CHECKERS | {"joint_lattice"}),
+     NOT_LABEL_CHECKERS),
     ("logit_length_zero", "logit_lengths", lambda a: _set(a, 1, 0), ("logit_lengths",), None,
      ()),
     ("logit_length_negative", "logit_lengths", lambda a: _set(a, 1, -2), ("logit_lengths",),
@@ -119,6 +120,9 @@ TENSOR_CASES = [
      None, None),
     ("predictor_H", "predictor", lambda a: a[..., :2], ("predictor", "encoder"), None, None),
     ("predictor_batch", "predictor", _concat(), ("predictor",), None, None),
+    # The compiled joint takes one dtype for all four tensors; samplewise casts each.
+    ("kernel_dtype_vs_encoder", "kernel", lambda a: a.astype(np.float16), ("kernel",), None,
+     REFERENCES | {"samplewise_rnnt_loss"}),
     ("lattice_channels", "lattice", _concat(-1), ("lattice",), None, None),
 ] + [
     (f"{name}_rank", name, lambda a: a[0] if a.ndim > 1 else a[None], (name,), None, None)
@@ -148,7 +152,7 @@ TENSOR_PARAMS = [pytest.param(entry, case, id=f"{entry}-{case[0]}")
 
 # (option, bad value, the value the message must show or None)
 OPTION_CASES = [
-    ("blank", V, "7"), ("blank", -V - 1, None), ("blank", 100, None), ("blank", 0.7, None),
+    ("blank", V, "7"), ("blank", -V - 1, "-8"), ("blank", 100, "100"), ("blank", 0.7, None),
     ("blank", True, None), ("blank", 2**32, None), ("blank", np.float64(1.0), None),
     ("fastemit_lambda", -1.0, None), ("fastemit_lambda", float("nan"), None),
     ("fastemit_lambda", float("inf"), None), ("fastemit_lambda", True, None),
@@ -210,6 +214,17 @@ def test_blank_checked_against_run_time_vocabulary(entry, device):
         with pytest.raises(tf.errors.InvalidArgumentError) as info:
             _call(entry, _valid_args(), {"blank": V}, "function_dynamic_shapes")
     _assert_names(info.value, ["blank"], "7")
+
+
+@pytest.mark.parametrize("entry", sorted(LABEL_CHECKERS))
+@pytest.mark.parametrize("graph_mode", GRAPH_MODES)
+def test_label_equal_to_negative_blank(entry, graph_mode):
+    # blank = -1 is V - 1 = 6: a label 6 within label_lengths is the blank index.
+    args = _valid_args()
+    args["labels"] = _set(args["labels"], (1, 0), V - 1)
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        _call(entry, args, {"blank": -1}, graph_mode)
+    _assert_names(info.value, ["labels"])
 
 
 @pytest.mark.parametrize("option,value", [("tile_size", np.int64(5)),

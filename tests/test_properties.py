@@ -1,4 +1,4 @@
-"""Property-based tests (hypothesis, issue 7): every implementation agrees with the oracle.
+"""Property-based tests (hypothesis): every implementation agrees with the oracle.
 
 Random problems: B <= 3, T <= 8, U <= 5 (0 included), V in [2, 9], H <= 6, ragged lengths
 (the padded maxima need not be attained), blank anywhere in [-V, V), padded label entries
