@@ -273,12 +273,19 @@ class SecondOrderGradientError(NotImplementedError):
     """Raised when a second-order gradient of a loss without one is requested."""
 
 
-def first_order_only(tensors, owner):
+def first_order_only(tensors, owner, inputs=()):
     """Marks gradient tensors as not differentiable again.
 
     Differentiating the returned tensors raises `SecondOrderGradientError` naming `owner`,
     instead of silently returning zeros or failing with a bare LookupError. None entries pass
     through.
+
+    Args:
+      tensors: the gradient tensors (or None).
+      owner: the public function, for the message.
+      inputs: the loss' differentiable inputs, when `tensors` were computed from copies cut off
+        by stop_gradient: they connect the mark to them, so differentiating with respect to
+        them reaches the error instead of an unconnected None.
     """
 
     @tf.custom_gradient
@@ -289,10 +296,10 @@ def first_order_only(tensors, owner):
                 "by a hand-written kernel or loop, which is not differentiable). Use "
                 "tf_rnnt.reference for higher-order derivatives.")
 
-        return [tf.identity(x) for x in xs], backward
+        return [tf.identity(x) for x in xs[:len(present)]], backward
 
     present = [x for x in tensors if x is not None]
     if not present:
         return list(tensors)
-    marked = iter(mark(*present))
+    marked = iter(mark(*present, *inputs))
     return [None if x is None else next(marked) for x in tensors]

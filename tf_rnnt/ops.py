@@ -83,7 +83,8 @@ def _lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda, clamp,
 def _lattice_loss_grad(op, d_costs, unused_d_grads):
     # The op's second output is d cost / d lattice; its own derivative (the Hessian) is not
     # computed, so differentiating it again must fail rather than give zeros.
-    grads, = contract.first_order_only([op.outputs[1]], "tf_rnnt.lattice_loss")
+    grads, = contract.first_order_only(
+        [op.outputs[1]], "tf_rnnt.lattice_loss (and rnnt_loss, flash_rnnt_loss)")
     return [grads * d_costs[:, None, None, None], None, None, None, None]
 
 
@@ -132,7 +133,8 @@ def logits_to_lattice(logits, labels, blank=0):
 def _logits_to_lattice_grad(op, d_lattice, unused_d_lse):
     d_logits = _lib().tf_rnnt_logits_to_lattice_grad(
         op.inputs[0], op.inputs[1], op.outputs[1], d_lattice, blank=op.get_attr("blank"))
-    d_logits, = contract.first_order_only([d_logits], "tf_rnnt.logits_to_lattice")
+    d_logits, = contract.first_order_only([d_logits],
+                                          "tf_rnnt.logits_to_lattice (and rnnt_loss)")
     return [d_logits, None, None, None]
 
 
@@ -287,7 +289,8 @@ def _joint_lattice_grad(op, d_lattice, unused_d_lse, unused_d_hidden, unused_d_l
     grads = _lib().tf_rnnt_joint_lattice_grad(
         inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], inputs[5], inputs[6], inputs[5],
         inputs[6], lse, d_lattice, saved_hidden, saved_logits, **attrs)
-    return contract.first_order_only(list(grads), "tf_rnnt.joint_lattice") + [None] * 6
+    return contract.first_order_only(
+        list(grads), "tf_rnnt.joint_lattice (and flash_rnnt_loss)") + [None] * 6
 
 
 def flash_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths, blank=0,

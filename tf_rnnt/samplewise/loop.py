@@ -113,7 +113,8 @@ def _loss_with_gradient(config, encoder, predictor, kernel, bias, labels, logit_
                      grad_predictor * tf.cast(upstream, grad_predictor.dtype)[:, None, None],
                      tf.cast(weighted_kernel, kernel.dtype), tf.cast(weighted_bias, bias.dtype))
             # The loops run under stop_gradient: differentiating these again would give zeros.
-            return contract.first_order_only(grads, "tf_rnnt.samplewise_rnnt_loss")
+            return contract.first_order_only(grads, _OWNER,
+                                             inputs=(encoder, predictor, kernel, bias))
 
         return costs, backward
 
