@@ -458,3 +458,127 @@ def test_samplewise_rnnt_loss_half_precision(device, dtype, problem):
     got = _run_joint_loss(tf_rnnt.samplewise_rnnt_loss, params, problem, upstream, dtype, device,
                           blank=problem["blank"], activation="tanh", parallel_iterations=2)
     _check_joint_loss(got, problem, params, upstream, dtype, "tanh")
+
+
+# ------------------------------------------------------------------------------ degenerate sizes,
+# int64 inputs, extreme magnitudes, second order
+
+# Entry points of the joint problem, as functions of (params, ints, blank).
+_DEGENERATE_LOSSES = {
+    "flash_tiled": lambda p, i, blank: tf_rnnt.flash_rnnt_loss(*p, *i, blank=blank, tile_size=2),
+    "flash_untiled": lambda p, i, blank: tf_rnnt.flash_rnnt_loss(*p, *i, blank=blank,
+                                                                 mode="untiled"),
+    "samplewise": lambda p, i, blank: tf_rnnt.samplewise_rnnt_loss(*p, *i, blank=blank,
+                                                                   parallel_iterations=1),
+    "reference": lambda p, i, blank: tf_rnnt.reference.flash_rnnt_loss(*p, *i, blank=blank),
+}
+
+
+def _degenerate_problem(batch, max_t, max_u, hidden, vocab, scale, seed):
+    """A joint problem of any size (B, T, U, H = 0 and V = 1 included) at logit scale `scale`."""
+    rng = np.random.default_rng(seed)
+    blank = int(rng.integers(-vocab, vocab))
+    blank_index = blank % vocab
+    labels = rng.integers(0, vocab, size=(batch, max_u))
+    if vocab > 1:  # labels are never blank; with V = 1 every sample has label length 0
+        labels = np.where(labels == blank_index, (blank_index + 1) % vocab, labels)
+        label_lengths = rng.integers(0, max_u + 1, size=batch)
+    else:
+        label_lengths = np.zeros(batch, np.int64)
+    logit_lengths = rng.integers(1, max_t + 1, size=batch) if max_t else np.zeros(batch, np.int64)
+    params = [rng.normal(size=(batch, max_t, hidden)), rng.normal(size=(batch, max_u + 1, hidden)),
+              rng.normal(scale=scale / np.sqrt(max(hidden, 1)), size=(hidden, vocab)),
+              rng.normal(scale=scale, size=(vocab,))]
+    params = [x.astype(np.float32).astype(np.float64) for x in params]
+    return params, [labels, logit_lengths, label_lengths], blank
+
+
+def check_degenerate_sizes(max_examples):
+    """Hypothesis loop run in a subprocess by the tests below: an abort fails the test only.
+
+    Every entry point on problems with B, T, U, H in {0, 1, ...}, V >= 1, int64 labels and
+    lengths, and logits up to 1e4 in magnitude agrees with the float64 oracle; int64 lengths or
+    labels outside the int32 range raise InvalidArgumentError naming them.
+    """
+
+    @settings(max_examples=max_examples, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(batch=st.integers(0, 2), max_t=st.integers(0, 3), max_u=st.integers(0, 2),
+           hidden=st.integers(0, 3), vocab=st.integers(1, 4),
+           scale=st.sampled_from([1.0, 1e2, 1e4]), overflow=st.sampled_from(
+               [None, "labels", "logit_lengths", "label_lengths"]), seed=st.integers(0, 2**16))
+    def check(batch, max_t, max_u, hidden, vocab, scale, overflow, seed):
+        if max_t == 0:
+            batch = 0  # every sample needs a frame
+        params, ints, blank = _degenerate_problem(batch, max_t, max_u, hidden, vocab, scale,
+                                                  seed)
+        if overflow is not None and batch > 0:
+            bad = [x.copy() for x in ints]
+            index = ("labels", "logit_lengths", "label_lengths").index(overflow)
+            bad[index].flat[0] += 2**32
+            for name, loss in _DEGENERATE_LOSSES.items():
+                with pytest.raises(tf.errors.InvalidArgumentError, match=overflow):
+                    loss([tf.constant(x, tf.float32) for x in params],
+                         [tf.constant(x, tf.int64) for x in bad], blank).numpy()
+        expected = oracle.flash_rnnt_loss(*params, *ints, blank=blank)
+        rtol = 1e-5 + 1e-6 * scale  # float32 log-softmax differences of size ~scale
+        for name, loss in _DEGENERATE_LOSSES.items():
+            tensors = [tf.constant(x, tf.float32) for x in params]
+            with tf.GradientTape() as tape:
+                tape.watch(tensors)
+                costs = loss(tensors, [tf.constant(x, tf.int64) for x in ints], blank)
+                total = tf.reduce_sum(costs)
+            grads = tape.gradient(total, tensors)
+            what = f"{name} B={batch} T={max_t} U={max_u} H={hidden} V={vocab} scale={scale}"
+            oracle.assert_close(costs.numpy(), expected[0], rtol, what)
+            for grad, want in zip(grads, expected[1:]):
+                oracle.assert_close(grad.numpy(), want, rtol, what)
+
+    check()
+
+
+def test_degenerate_sizes_int64_and_extremes_in_a_subprocess():
+    import subprocess
+    import sys
+
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(tests_dir), tests_dir, os.environ.get("PYTHONPATH", "")]))
+    examples = _EXPLORE or 25
+    result = subprocess.run(
+        [sys.executable, "-c", f"import test_properties; "
+                               f"test_properties.check_degenerate_sizes({examples})"],
+        env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, (
+        f"exit status {result.returncode} (negative: killed by that signal)\n"
+        f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+
+
+@_settings(4)
+@given(problem=joint_problems())
+def test_reference_hessian_vector_products_match_oracle(problem):
+    # Second order of tf_rnnt.reference (autodiff) against central differences of the float64
+    # oracle's gradient, d/d logits of <d cost / d logits, v>.
+    params = problem["params"]
+    labels, logit_lengths, label_lengths = (problem[k] for k in ("labels", "logit_lengths",
+                                                                 "label_lengths"))
+    logits = oracle.joint_logits(*params)
+    logits = logits.astype(np.float32).astype(np.float64)
+    direction = problem["rng"].normal(size=logits.shape)
+    eps = 1e-4
+
+    def oracle_grad(x):
+        return oracle.rnnt_loss(x, labels, logit_lengths, label_lengths,
+                                blank=problem["blank"])[1]
+
+    expected = (oracle_grad(logits + eps * direction)
+                - oracle_grad(logits - eps * direction)) / (2 * eps)
+    x = tf.constant(logits, tf.float32)
+    with tf.GradientTape() as outer:
+        outer.watch(x)
+        with tf.GradientTape() as inner:
+            inner.watch(x)
+            total = tf.reduce_sum(tf_rnnt.reference.rnnt_loss(
+                x, labels, logit_lengths, label_lengths, blank=problem["blank"]))
+        directional = tf.reduce_sum(inner.gradient(total, x) * direction)
+    oracle.assert_close(outer.gradient(directional, x).numpy(), expected, rtol=1e-3)

@@ -53,7 +53,9 @@ def _batch_loop(encoder, predictor, kernel, bias, labels, logit_lengths, label_l
             grad_encoder = tf.raw_ops.InplaceUpdate(x=grad_encoder, i=b[None], v=outputs[3][None])
             grad_predictor = tf.raw_ops.InplaceUpdate(x=grad_predictor, i=b[None],
                                                       v=outputs[4][None])
-        return (b + 1, grad_kernel + outputs[1], grad_bias + outputs[2], costs, grad_encoder,
+        # The shape-generic function's [None, None] would broadcast a size-1 V to None.
+        return (b + 1, grad_kernel + tf.ensure_shape(outputs[1], kernel32.shape),
+                grad_bias + tf.ensure_shape(outputs[2], bias32.shape), costs, grad_encoder,
                 grad_predictor)
 
     _, grad_kernel, grad_bias, costs, grad_encoder, grad_predictor = tf.while_loop(
