@@ -9,6 +9,8 @@ the rest raise InvalidArgumentError when the graph runs. Either way the message 
 argument (and show the offending value where the case says so).
 """
 
+import inspect
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -16,6 +18,7 @@ import tensorflow as tf
 import oracle
 import tf_rnnt
 from conftest import DEVICES, compile_for
+from tf_rnnt import _contract as contract
 from tf_rnnt import reference
 
 B, T, U, H, V = 2, 4, 2, 3, 7
@@ -248,3 +251,12 @@ def test_int64_lengths_and_labels_in_range_are_accepted(entry):
         args[name] = args[name].astype(np.int64)
     for graph_mode in GRAPH_MODES:
         np.testing.assert_allclose(_call(entry, args, {}, graph_mode), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("entry", sorted(contract.OP_INPUTS))
+def test_declared_inputs_match_the_signatures(entry):
+    fn = getattr(tf_rnnt, entry)
+    names = tuple(inspect.signature(fn).parameters)[:len(contract.OP_INPUTS[entry])]
+    assert names == contract.OP_INPUTS[entry]
+    if entry in ENTRY_POINTS and entry != "samplewise_rnnt_loss":
+        assert ENTRY_POINTS[entry][1] == contract.OP_INPUTS[entry]
