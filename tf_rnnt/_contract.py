@@ -259,6 +259,30 @@ def check_same_dims(dims, what, owner):
         raise ValueError(f"{owner}: {what} disagree: {detail}")
 
 
+def check_joint_dims(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths,
+                      owner):
+    """ValueError when statically known sizes of a joint loss' inputs disagree.
+
+    Batch sizes of all seven inputs, the joint width `H` of encoder, predictor and kernel, the
+    vocabulary `V` of kernel and bias, and `U + 1` of predictor against labels' `U`. Unknown
+    sizes are skipped (the ops check them at run time).
+    """
+    dim = static_dim
+    check_same_dims(
+        {"encoder": dim(encoder, 0), "predictor": dim(predictor, 0), "labels": dim(labels, 0),
+         "logit_lengths": dim(logit_lengths, 0), "label_lengths": dim(label_lengths, 0)},
+        "batch sizes", owner)
+    check_same_dims(
+        {"encoder": dim(encoder, 2), "predictor": dim(predictor, 2), "kernel": dim(kernel, 0)},
+        "joint widths H (encoder/predictor last axis, kernel rows)", owner)
+    check_same_dims({"kernel": dim(kernel, 1), "bias": dim(bias, 0)},
+                             "vocabulary sizes V", owner)
+    num_labels, num_states = dim(labels, 1), dim(predictor, 1)
+    if num_labels is not None and num_states is not None and num_labels + 1 != num_states:
+        raise ValueError(f"{owner}: labels [B, U] must have U = predictor.shape[1] - 1 = "
+                         f"{num_states - 1}, got labels of shape {labels.shape}")
+
+
 def static_dim(x, axis):
     """`x.shape[axis]` as an int, or None when unknown (also for an unknown rank)."""
     if x.shape.rank is None:

@@ -247,31 +247,12 @@ def _joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, labe
     labels, logit_lengths, label_lengths = (
         contract.int32_tensor(x, name, owner) for name, x in
         (("labels", labels), ("logit_lengths", logit_lengths), ("label_lengths", label_lengths)))
-    _check_joint_dims(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths,
-                      owner)
+    contract.check_joint_dims(encoder, predictor, kernel, bias, labels, logit_lengths,
+                              label_lengths, owner)
     lattice, _, _, _ = _lib().tf_rnnt_joint_lattice(
         encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths, labels,
         logit_lengths, label_lengths, **attrs)
     return lattice
-
-
-def _check_joint_dims(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths,
-                      owner):
-    """ValueError when statically known sizes of the joint's inputs disagree."""
-    dim = contract.static_dim
-    contract.check_same_dims(
-        {"encoder": dim(encoder, 0), "predictor": dim(predictor, 0), "labels": dim(labels, 0),
-         "logit_lengths": dim(logit_lengths, 0), "label_lengths": dim(label_lengths, 0)},
-        "batch sizes", owner)
-    contract.check_same_dims(
-        {"encoder": dim(encoder, 2), "predictor": dim(predictor, 2), "kernel": dim(kernel, 0)},
-        "joint widths H (encoder/predictor last axis, kernel rows)", owner)
-    contract.check_same_dims({"kernel": dim(kernel, 1), "bias": dim(bias, 0)},
-                             "vocabulary sizes V", owner)
-    num_labels, num_states = dim(labels, 1), dim(predictor, 1)
-    if num_labels is not None and num_states is not None and num_labels + 1 != num_states:
-        raise ValueError(f"{owner}: labels [B, U] must have U = predictor.shape[1] - 1 = "
-                         f"{num_states - 1}, got labels of shape {labels.shape}")
 
 
 _JOINT_ATTR_NAMES = ("blank", "activation", "untiled", "tile_nodes", "memory_budget", "allow_tf32")

@@ -110,7 +110,8 @@ def samplewise_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths
     labels, logit_lengths, label_lengths = (
         contract.int32_tensor(x, name, owner) for name, x in
         (("labels", labels), ("logit_lengths", logit_lengths), ("label_lengths", label_lengths)))
-    _check_static_dims(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths)
+    contract.check_joint_dims(encoder, predictor, kernel, bias, labels, logit_lengths,
+                              label_lengths, owner)
     config = (activation, parallel_iterations, memory_budget, fastemit_lambda)
     args = (encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths,
             tf.constant(blank, tf.int32))
@@ -118,20 +119,3 @@ def samplewise_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths
         return loop.compiled(config)(*args)
     return loop.samplewise(config, *args)
 
-
-def _check_static_dims(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths):
-    """ValueError when statically known sizes disagree (unknown ones are checked at run time)."""
-    dim = contract.static_dim
-    contract.check_same_dims(
-        {"encoder": dim(encoder, 0), "predictor": dim(predictor, 0), "labels": dim(labels, 0),
-         "logit_lengths": dim(logit_lengths, 0), "label_lengths": dim(label_lengths, 0)},
-        "batch sizes", _OWNER)
-    contract.check_same_dims(
-        {"encoder": dim(encoder, 2), "predictor": dim(predictor, 2), "kernel": dim(kernel, 0)},
-        "joint widths H (encoder/predictor last axis, kernel rows)", _OWNER)
-    contract.check_same_dims({"kernel": dim(kernel, 1), "bias": dim(bias, 0)},
-                             "vocabulary sizes V", _OWNER)
-    num_labels, num_states = dim(labels, 1), dim(predictor, 1)
-    if num_labels is not None and num_states is not None and num_labels + 1 != num_states:
-        raise ValueError(f"{_OWNER}: labels [B, U] must have U = predictor.shape[1] - 1 = "
-                         f"{num_states - 1}, got labels of shape {labels.shape}")
