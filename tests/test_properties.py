@@ -493,13 +493,39 @@ def _degenerate_problem(batch, max_t, max_u, hidden, vocab, scale, seed):
     return params, [labels, logit_lengths, label_lengths], blank
 
 
-def check_degenerate_sizes(max_examples):
-    """Hypothesis loop run in a subprocess by the tests below: an abort fails the test only.
+def check_problem(batch, max_t, max_u, hidden, vocab, scale=1.0, overflow=None, seed=0):
+    """Every entry point on one problem of any size against the float64 oracle, int64 inputs.
 
-    Every entry point on problems with B, T, U, H in {0, 1, ...}, V >= 1, int64 labels and
-    lengths, and logits up to 1e4 in magnitude agrees with the float64 oracle; int64 lengths or
-    labels outside the int32 range raise InvalidArgumentError naming them.
+    With `overflow` ("labels", "logit_lengths" or "label_lengths"), that input's first entry is
+    first raised by 2**32, which must give InvalidArgumentError naming it.
     """
+    if max_t == 0:
+        batch = 0  # every sample needs a frame
+    params, ints, blank = _degenerate_problem(batch, max_t, max_u, hidden, vocab, scale, seed)
+    if overflow is not None and batch > 0:
+        bad = [x.copy() for x in ints]
+        bad[("labels", "logit_lengths", "label_lengths").index(overflow)].flat[0] += 2**32
+        for loss in _DEGENERATE_LOSSES.values():
+            with pytest.raises(tf.errors.InvalidArgumentError, match=overflow):
+                loss([tf.constant(x, tf.float32) for x in params],
+                     [tf.constant(x, tf.int64) for x in bad], blank).numpy()
+    expected = oracle.flash_rnnt_loss(*params, *ints, blank=blank)
+    rtol = 1e-5 + 1e-6 * scale  # float32 log-softmax differences of size ~scale
+    for name, loss in _DEGENERATE_LOSSES.items():
+        tensors = [tf.constant(x, tf.float32) for x in params]
+        with tf.GradientTape() as tape:
+            tape.watch(tensors)
+            costs = loss(tensors, [tf.constant(x, tf.int64) for x in ints], blank)
+            total = tf.reduce_sum(costs)
+        grads = tape.gradient(total, tensors)
+        what = f"{name} B={batch} T={max_t} U={max_u} H={hidden} V={vocab} scale={scale}"
+        oracle.assert_close(costs.numpy(), expected[0], rtol, what)
+        for grad, want in zip(grads, expected[1:]):
+            oracle.assert_close(grad.numpy(), want, rtol, what)
+
+
+def check_degenerate_sizes(max_examples):
+    """Hypothesis loop over `check_problem`, run in a subprocess by the test below."""
 
     @settings(max_examples=max_examples, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow])
@@ -508,50 +534,37 @@ def check_degenerate_sizes(max_examples):
            scale=st.sampled_from([1.0, 1e2, 1e4]), overflow=st.sampled_from(
                [None, "labels", "logit_lengths", "label_lengths"]), seed=st.integers(0, 2**16))
     def check(batch, max_t, max_u, hidden, vocab, scale, overflow, seed):
-        if max_t == 0:
-            batch = 0  # every sample needs a frame
-        params, ints, blank = _degenerate_problem(batch, max_t, max_u, hidden, vocab, scale,
-                                                  seed)
-        if overflow is not None and batch > 0:
-            bad = [x.copy() for x in ints]
-            index = ("labels", "logit_lengths", "label_lengths").index(overflow)
-            bad[index].flat[0] += 2**32
-            for name, loss in _DEGENERATE_LOSSES.items():
-                with pytest.raises(tf.errors.InvalidArgumentError, match=overflow):
-                    loss([tf.constant(x, tf.float32) for x in params],
-                         [tf.constant(x, tf.int64) for x in bad], blank).numpy()
-        expected = oracle.flash_rnnt_loss(*params, *ints, blank=blank)
-        rtol = 1e-5 + 1e-6 * scale  # float32 log-softmax differences of size ~scale
-        for name, loss in _DEGENERATE_LOSSES.items():
-            tensors = [tf.constant(x, tf.float32) for x in params]
-            with tf.GradientTape() as tape:
-                tape.watch(tensors)
-                costs = loss(tensors, [tf.constant(x, tf.int64) for x in ints], blank)
-                total = tf.reduce_sum(costs)
-            grads = tape.gradient(total, tensors)
-            what = f"{name} B={batch} T={max_t} U={max_u} H={hidden} V={vocab} scale={scale}"
-            oracle.assert_close(costs.numpy(), expected[0], rtol, what)
-            for grad, want in zip(grads, expected[1:]):
-                oracle.assert_close(grad.numpy(), want, rtol, what)
+        check_problem(batch, max_t, max_u, hidden, vocab, scale, overflow, seed)
 
     check()
 
 
-def test_degenerate_sizes_int64_and_extremes_in_a_subprocess():
+def _run_in_subprocess(code):
+    # A crash (e.g. an abort in a kernel) fails the test instead of killing pytest.
     import subprocess
     import sys
 
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(tests_dir), tests_dir, os.environ.get("PYTHONPATH", "")]))
-    examples = _EXPLORE or 25
-    result = subprocess.run(
-        [sys.executable, "-c", f"import test_properties; "
-                               f"test_properties.check_degenerate_sizes({examples})"],
-        env=env, capture_output=True, text=True, timeout=900)
+    result = subprocess.run([sys.executable, "-c", f"import test_properties; {code}"],
+                            env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, (
         f"exit status {result.returncode} (negative: killed by that signal)\n"
         f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+
+
+# (B, T, U, H, V): each size at zero (T = 0 with B = 0), and V = 1 (blank only).
+ZERO_SIZES = [(0, 3, 2, 3, 4), (0, 0, 0, 3, 4), (2, 3, 0, 3, 4), (2, 3, 2, 0, 4),
+              (2, 3, 0, 3, 1), (2, 1, 2, 0, 1)]
+
+
+def test_zero_sizes_in_a_subprocess():
+    _run_in_subprocess("; ".join(f"test_properties.check_problem{case}" for case in ZERO_SIZES))
+
+
+def test_degenerate_sizes_int64_and_extremes_in_a_subprocess():
+    _run_in_subprocess(f"test_properties.check_degenerate_sizes({_EXPLORE or 25})")
 
 
 @_settings(4)
