@@ -502,9 +502,11 @@ def check_problem(batch, max_t, max_u, hidden, vocab, scale=1.0, overflow=None, 
     if max_t == 0:
         batch = 0  # every sample needs a frame
     params, ints, blank = _degenerate_problem(batch, max_t, max_u, hidden, vocab, scale, seed)
-    if overflow is not None and batch > 0:
+    index = None if overflow is None else ("labels", "logit_lengths", "label_lengths").index(
+        overflow)
+    if index is not None and ints[index].size:
         bad = [x.copy() for x in ints]
-        bad[("labels", "logit_lengths", "label_lengths").index(overflow)].flat[0] += 2**32
+        bad[index].flat[0] += 2**32
         for loss in _DEGENERATE_LOSSES.values():
             with pytest.raises(tf.errors.InvalidArgumentError, match=overflow):
                 loss([tf.constant(x, tf.float32) for x in params],
@@ -519,9 +521,15 @@ def check_problem(batch, max_t, max_u, hidden, vocab, scale=1.0, overflow=None, 
             total = tf.reduce_sum(costs)
         grads = tape.gradient(total, tensors)
         what = f"{name} B={batch} T={max_t} U={max_u} H={hidden} V={vocab} scale={scale}"
-        oracle.assert_close(costs.numpy(), expected[0], rtol, what)
+        # Float32 log-softmax differences of logits of size `scale` are off by a few roundings
+        # of that size (the error model above): an absolute error in each cost term and in each
+        # node's probabilities, however small the cost or gradient entry.
+        np.testing.assert_allclose(costs.numpy(), expected[0], rtol=rtol,
+                                   atol=4 * U32 * (1 + scale) * (max_t + max_u), err_msg=what)
+        nodes = max_t * (max_u + 1)
         for grad, want in zip(grads, expected[1:]):
-            oracle.assert_close(grad.numpy(), want, rtol, what)
+            np.testing.assert_allclose(grad.numpy(), want, rtol=rtol,
+                                       atol=4 * U32 * (1 + scale) * (1 + nodes), err_msg=what)
 
 
 def check_degenerate_sizes(max_examples):
