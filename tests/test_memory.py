@@ -1,4 +1,4 @@
-"""Tiled Flash RNN-T never holds the [B, T, U+1, V] logits (issue 3), measured on the CPU.
+"""Tiled Flash RNN-T never holds the [B, T, U+1, V] logits, measured on the CPU.
 
 In a fresh subprocess (so the peak RSS is this case's alone): B=4, T=300, U=120, V=4096,
 H=64, whose float32 logits alone would take 4*300*121*4096*4 bytes = 2.38 GB, runs

@@ -1,4 +1,4 @@
-"""Property-based tests (hypothesis, issue 7): every implementation agrees with the oracle.
+"""Property-based tests (hypothesis): every implementation agrees with the oracle.
 
 Random problems: B <= 3, T <= 8, U <= 5 (0 included), V in [2, 9], H <= 6, ragged lengths
 (the padded maxima need not be attained), blank anywhere in [-V, V), padded label entries
@@ -458,3 +458,148 @@ def test_samplewise_rnnt_loss_half_precision(device, dtype, problem):
     got = _run_joint_loss(tf_rnnt.samplewise_rnnt_loss, params, problem, upstream, dtype, device,
                           blank=problem["blank"], activation="tanh", parallel_iterations=2)
     _check_joint_loss(got, problem, params, upstream, dtype, "tanh")
+
+
+# ------------------------------------------------------------------------------ degenerate sizes,
+# int64 inputs, extreme magnitudes, second order
+
+# Entry points of the joint problem, as functions of (params, ints, blank).
+_DEGENERATE_LOSSES = {
+    "flash_tiled": lambda p, i, blank: tf_rnnt.flash_rnnt_loss(*p, *i, blank=blank, tile_size=2),
+    "flash_untiled": lambda p, i, blank: tf_rnnt.flash_rnnt_loss(*p, *i, blank=blank,
+                                                                 mode="untiled"),
+    "samplewise": lambda p, i, blank: tf_rnnt.samplewise_rnnt_loss(*p, *i, blank=blank,
+                                                                   parallel_iterations=1),
+    "reference": lambda p, i, blank: tf_rnnt.reference.flash_rnnt_loss(*p, *i, blank=blank),
+}
+
+
+def _degenerate_problem(batch, max_t, max_u, hidden, vocab, scale, seed):
+    """A joint problem of any size (B, T, U, H = 0 and V = 1 included) at logit scale `scale`."""
+    rng = np.random.default_rng(seed)
+    blank = int(rng.integers(-vocab, vocab))
+    blank_index = blank % vocab
+    labels = rng.integers(0, vocab, size=(batch, max_u))
+    if vocab > 1:  # labels are never blank; with V = 1 every sample has label length 0
+        labels = np.where(labels == blank_index, (blank_index + 1) % vocab, labels)
+        label_lengths = rng.integers(0, max_u + 1, size=batch)
+    else:
+        label_lengths = np.zeros(batch, np.int64)
+    logit_lengths = rng.integers(1, max_t + 1, size=batch) if max_t else np.zeros(batch, np.int64)
+    params = [rng.normal(size=(batch, max_t, hidden)), rng.normal(size=(batch, max_u + 1, hidden)),
+              rng.normal(scale=scale / np.sqrt(max(hidden, 1)), size=(hidden, vocab)),
+              rng.normal(scale=scale, size=(vocab,))]
+    params = [x.astype(np.float32).astype(np.float64) for x in params]
+    return params, [labels, logit_lengths, label_lengths], blank
+
+
+def check_problem(batch, max_t, max_u, hidden, vocab, scale=1.0, overflow=None, seed=0):
+    """Every entry point on one problem of any size against the float64 oracle, int64 inputs.
+
+    With `overflow` ("labels", "logit_lengths" or "label_lengths"), that input's first entry is
+    first raised by 2**32, which must give InvalidArgumentError naming it.
+    """
+    if max_t == 0:
+        batch = 0  # every sample needs a frame
+    params, ints, blank = _degenerate_problem(batch, max_t, max_u, hidden, vocab, scale, seed)
+    index = None if overflow is None else ("labels", "logit_lengths", "label_lengths").index(
+        overflow)
+    if index is not None and ints[index].size:
+        bad = [x.copy() for x in ints]
+        bad[index].flat[0] += 2**32
+        for loss in _DEGENERATE_LOSSES.values():
+            with pytest.raises(tf.errors.InvalidArgumentError, match=overflow):
+                loss([tf.constant(x, tf.float32) for x in params],
+                     [tf.constant(x, tf.int64) for x in bad], blank).numpy()
+    expected = oracle.flash_rnnt_loss(*params, *ints, blank=blank)
+    rtol = 1e-5 + 1e-6 * scale  # float32 log-softmax differences of size ~scale
+    for name, loss in _DEGENERATE_LOSSES.items():
+        tensors = [tf.constant(x, tf.float32) for x in params]
+        with tf.GradientTape() as tape:
+            tape.watch(tensors)
+            costs = loss(tensors, [tf.constant(x, tf.int64) for x in ints], blank)
+            total = tf.reduce_sum(costs)
+        grads = tape.gradient(total, tensors)
+        what = f"{name} B={batch} T={max_t} U={max_u} H={hidden} V={vocab} scale={scale}"
+        # Float32 log-softmax differences of logits of size `scale` are off by a few roundings
+        # of that size (the error model above): an absolute error in each cost term and in each
+        # node's probabilities, however small the cost or gradient entry.
+        np.testing.assert_allclose(costs.numpy(), expected[0], rtol=rtol,
+                                   atol=4 * U32 * (1 + scale) * (max_t + max_u), err_msg=what)
+        nodes = max_t * (max_u + 1)
+        for grad, want in zip(grads, expected[1:]):
+            np.testing.assert_allclose(grad.numpy(), want, rtol=rtol,
+                                       atol=4 * U32 * (1 + scale) * (1 + nodes), err_msg=what)
+
+
+def check_degenerate_sizes(max_examples):
+    """Hypothesis loop over `check_problem`, run in a subprocess by the test below."""
+
+    @settings(max_examples=max_examples, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(batch=st.integers(0, 2), max_t=st.integers(0, 3), max_u=st.integers(0, 2),
+           hidden=st.integers(0, 3), vocab=st.integers(1, 4),
+           scale=st.sampled_from([1.0, 1e2, 1e4]), overflow=st.sampled_from(
+               [None, "labels", "logit_lengths", "label_lengths"]), seed=st.integers(0, 2**16))
+    def check(batch, max_t, max_u, hidden, vocab, scale, overflow, seed):
+        check_problem(batch, max_t, max_u, hidden, vocab, scale, overflow, seed)
+
+    check()
+
+
+def _run_in_subprocess(code):
+    # A crash (e.g. an abort in a kernel) fails the test instead of killing pytest.
+    import subprocess
+    import sys
+
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(tests_dir), tests_dir, os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-c", f"import test_properties; {code}"],
+                            env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, (
+        f"exit status {result.returncode} (negative: killed by that signal)\n"
+        f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+
+
+# (B, T, U, H, V): each size at zero (T = 0 with B = 0), and V = 1 (blank only).
+ZERO_SIZES = [(0, 3, 2, 3, 4), (0, 0, 0, 3, 4), (2, 3, 0, 3, 4), (2, 3, 2, 0, 4),
+              (2, 3, 0, 3, 1), (2, 1, 2, 0, 1)]
+
+
+def test_zero_sizes_in_a_subprocess():
+    _run_in_subprocess("; ".join(f"test_properties.check_problem{case}" for case in ZERO_SIZES))
+
+
+def test_degenerate_sizes_int64_and_extremes_in_a_subprocess():
+    _run_in_subprocess(f"test_properties.check_degenerate_sizes({_EXPLORE or 25})")
+
+
+@_settings(4)
+@given(problem=joint_problems())
+def test_reference_hessian_vector_products_match_oracle(problem):
+    # Second order of tf_rnnt.reference (autodiff) against central differences of the float64
+    # oracle's gradient, d/d logits of <d cost / d logits, v>.
+    params = problem["params"]
+    labels, logit_lengths, label_lengths = (problem[k] for k in ("labels", "logit_lengths",
+                                                                 "label_lengths"))
+    logits = oracle.joint_logits(*params)
+    logits = logits.astype(np.float32).astype(np.float64)
+    direction = problem["rng"].normal(size=logits.shape)
+    eps = 1e-4
+
+    def oracle_grad(x):
+        return oracle.rnnt_loss(x, labels, logit_lengths, label_lengths,
+                                blank=problem["blank"])[1]
+
+    expected = (oracle_grad(logits + eps * direction)
+                - oracle_grad(logits - eps * direction)) / (2 * eps)
+    x = tf.constant(logits, tf.float32)
+    with tf.GradientTape() as outer:
+        outer.watch(x)
+        with tf.GradientTape() as inner:
+            inner.watch(x)
+            total = tf.reduce_sum(tf_rnnt.reference.rnnt_loss(
+                x, labels, logit_lengths, label_lengths, blank=problem["blank"]))
+        directional = tf.reduce_sum(inner.gradient(total, x) * direction)
+    oracle.assert_close(outer.gradient(directional, x).numpy(), expected, rtol=1e-3)

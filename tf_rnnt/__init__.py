@@ -21,14 +21,30 @@ _LAZY = {
     "joint_lattice": "tf_rnnt.ops",
     "flash_rnnt_loss": "tf_rnnt.ops",
     "samplewise_rnnt_loss": "tf_rnnt.samplewise",
+    "SecondOrderGradientError": "tf_rnnt._contract",
 }
 _SUBMODULES = ("reference", "keras", "ops", "samplewise")
 
 __all__ = sorted(_LAZY) + list(_SUBMODULES)
 
 
+def _register_ops():
+    # The ops are registered at import, so that a SavedModel or graph that uses them loads
+    # after `import tf_rnnt` (and the first load never happens inside a traced function).
+    # Without a usable library, the first call of an op raises the error with the fix.
+    from tf_rnnt import _loader
+
+    try:
+        _loader.load()
+    except _loader.OpLibraryError:
+        pass
+
+
+_register_ops()
+
+
 def __getattr__(name):
-    # Lazy: importing tf_rnnt must not load the op library (or Keras) until it is used.
+    # Lazy: importing tf_rnnt must not import Keras (or build anything) until it is used.
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     if name in _SUBMODULES:

@@ -148,6 +148,16 @@ def check_clamp(value, owner, name="clamp"):
     return float(value)
 
 
+def check_vocabulary_size(vocab_size, name, owner):
+    """ValueError when the statically known vocabulary size `vocab_size` (int or None) is 0.
+
+    `name` is the input whose last axis is the vocabulary (e.g. "kernel", "logits").
+    """
+    if vocab_size == 0:
+        raise ValueError(f"{owner}: {name} must have a non-empty vocabulary (last axis V >= 1), "
+                         "got V = 0")
+
+
 def check_blank(value, owner, vocab_size=None, name="blank"):
     """The blank index as a Python int, not yet normalized.
 
@@ -173,7 +183,7 @@ def normalized_blank(blank, vocab_size, owner, name="blank"):
     """`blank` in `[0, V)` as an int32 tensor, checked against a possibly dynamic `V`.
 
     Args:
-      blank: a Python int from `check_blank`.
+      blank: a Python int from `check_blank`, or an int32 scalar tensor.
       vocab_size: `V`, a Python int or an int32 scalar tensor.
       owner: the public function, for the message.
       name: the argument name, for the message.
@@ -182,9 +192,10 @@ def normalized_blank(blank, vocab_size, owner, name="blank"):
       int32 scalar tensor `blank mod V`; when `V` is a tensor, it carries a check that
       raises InvalidArgumentError at run time if `blank` is outside `[-V, V)` (or `V` is 0).
     """
-    if isinstance(vocab_size, int):
+    if isinstance(vocab_size, int) and isinstance(blank, int):
         return tf.constant(check_blank(blank, owner, vocab_size, name) % vocab_size, tf.int32)
-    blank = tf.constant(blank, tf.int32)
+    blank = tf.convert_to_tensor(blank, tf.int32)
+    vocab_size = tf.convert_to_tensor(vocab_size, tf.int32)
     check = tf.debugging.Assert(
         (vocab_size > 0) & (blank >= -vocab_size) & (blank < vocab_size),
         [f"{owner}: {name} must be in [-V, V) for the vocabulary size V; blank, V =", blank,
@@ -248,6 +259,30 @@ def check_same_dims(dims, what, owner):
         raise ValueError(f"{owner}: {what} disagree: {detail}")
 
 
+def check_joint_dims(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths,
+                      owner):
+    """ValueError when statically known sizes of a joint loss' inputs disagree.
+
+    Batch sizes of all seven inputs, the joint width `H` of encoder, predictor and kernel, the
+    vocabulary `V` of kernel and bias, and `U + 1` of predictor against labels' `U`. Unknown
+    sizes are skipped (the ops check them at run time).
+    """
+    dim = static_dim
+    check_same_dims(
+        {"encoder": dim(encoder, 0), "predictor": dim(predictor, 0), "labels": dim(labels, 0),
+         "logit_lengths": dim(logit_lengths, 0), "label_lengths": dim(label_lengths, 0)},
+        "batch sizes", owner)
+    check_same_dims(
+        {"encoder": dim(encoder, 2), "predictor": dim(predictor, 2), "kernel": dim(kernel, 0)},
+        "joint widths H (encoder/predictor last axis, kernel rows)", owner)
+    check_same_dims({"kernel": dim(kernel, 1), "bias": dim(bias, 0)},
+                             "vocabulary sizes V", owner)
+    num_labels, num_states = dim(labels, 1), dim(predictor, 1)
+    if num_labels is not None and num_states is not None and num_labels + 1 != num_states:
+        raise ValueError(f"{owner}: labels [B, U] must have U = predictor.shape[1] - 1 = "
+                         f"{num_states - 1}, got labels of shape {labels.shape}")
+
+
 def static_dim(x, axis):
     """`x.shape[axis]` as an int, or None when unknown (also for an unknown rank)."""
     if x.shape.rank is None:
@@ -262,12 +297,19 @@ class SecondOrderGradientError(NotImplementedError):
     """Raised when a second-order gradient of a loss without one is requested."""
 
 
-def first_order_only(tensors, owner):
+def first_order_only(tensors, owner, inputs=()):
     """Marks gradient tensors as not differentiable again.
 
     Differentiating the returned tensors raises `SecondOrderGradientError` naming `owner`,
     instead of silently returning zeros or failing with a bare LookupError. None entries pass
     through.
+
+    Args:
+      tensors: the gradient tensors (or None).
+      owner: the public function, for the message.
+      inputs: the loss' differentiable inputs, when `tensors` were computed from copies cut off
+        by stop_gradient: they connect the mark to them, so differentiating with respect to
+        them reaches the error instead of an unconnected None.
     """
 
     @tf.custom_gradient
@@ -278,10 +320,10 @@ def first_order_only(tensors, owner):
                 "by a hand-written kernel or loop, which is not differentiable). Use "
                 "tf_rnnt.reference for higher-order derivatives.")
 
-        return [tf.identity(x) for x in xs], backward
+        return [tf.identity(x) for x in xs[:len(present)]], backward
 
     present = [x for x in tensors if x is not None]
     if not present:
         return list(tensors)
-    marked = iter(mark(*present))
+    marked = iter(mark(*present, *inputs))
     return [None if x is None else next(marked) for x in tensors]

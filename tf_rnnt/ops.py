@@ -12,19 +12,19 @@ import tensorflow as tf
 from tensorflow.python.framework import kernels as _kernels
 from tensorflow.python.ops import control_flow_util as _control_flow_util
 
+from tf_rnnt import _contract as contract
 from tf_rnnt import _loader
 from tf_rnnt import reference as _reference
 
 __all__ = ["lattice_loss", "logits_to_lattice", "rnnt_loss", "joint_lattice", "flash_rnnt_loss",
            "library_available", "xla_kernels_available", "DEFAULT_MEMORY_BUDGET"]
 
-ACTIVATIONS = ("tanh", "relu", "identity")
-MODES = ("tiled", "untiled")
+ACTIVATIONS = contract.ACTIVATION_NAMES
+MODES = contract.MODES
 #: Bytes of one tile's workspace when neither tile_size nor memory_budget is given (GPU).
-DEFAULT_MEMORY_BUDGET = 256 * 2**20
+DEFAULT_MEMORY_BUDGET = contract.DEFAULT_GPU_TILE_MEMORY_BUDGET
 #: The same on the CPU, where large tiles buy nothing.
-DEFAULT_CPU_MEMORY_BUDGET = 64 * 2**20
-_FLOATS = (tf.float32, tf.float16, tf.bfloat16)
+DEFAULT_CPU_MEMORY_BUDGET = contract.DEFAULT_CPU_TILE_MEMORY_BUDGET
 
 
 def library_available():
@@ -95,33 +95,6 @@ def _valid_node_mask(lattice, logit_lengths, label_lengths):
     return tf.where(mask, lattice, tf.zeros_like(lattice))
 
 
-def _int32(x, name, rank):
-    x = tf.convert_to_tensor(x, name=name)
-    if x.dtype not in (tf.int32, tf.int64):
-        raise ValueError(f"{name} must be int32 or int64, got {x.dtype.name}")
-    if x.shape.rank is not None and x.shape.rank != rank:
-        raise ValueError(f"{name} must have rank {rank}, got shape {x.shape}")
-    return tf.cast(x, tf.int32)
-
-
-def _float(x, name, rank, dtypes=_FLOATS):
-    x = tf.convert_to_tensor(x, name=name)
-    if x.dtype not in dtypes:
-        names = ", ".join(d.name for d in dtypes)
-        raise ValueError(f"{name} must be one of {names}, got {x.dtype.name}")
-    if x.shape.rank is not None and x.shape.rank != rank:
-        raise ValueError(f"{name} must have rank {rank}, got shape {x.shape}")
-    return x
-
-
-def _same_dim(dims, what):
-    """Raises ValueError when statically known dims (name -> Dimension) disagree."""
-    known = {name: d for name, d in dims.items() if d is not None}
-    if len(set(known.values())) > 1:
-        detail = ", ".join(f"{name}: {d}" for name, d in known.items())
-        raise ValueError(f"{what} disagree: {detail}")
-
-
 def lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda=0.0, clamp=-1.0):
     """Exact RNN-T loss of a lattice of log-probabilities.
 
@@ -144,37 +117,53 @@ def lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda=0.0, cla
     Example:
       >>> costs = tf_rnnt.lattice_loss(lattice, logit_lengths, label_lengths)
     """
-    lattice = _float(lattice, "lattice", 4)
+    return _lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda, clamp,
+                         "tf_rnnt.lattice_loss")
+
+
+def _lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda, clamp, owner):
+    fastemit_lambda = contract.check_fastemit_lambda(fastemit_lambda, owner)
+    clamp = contract.check_clamp(clamp, owner)
+    lattice = contract.float_tensor(lattice, "lattice", owner)
     lattice = tf.cast(lattice, tf.float32)
-    if lattice.shape.rank == 4 and lattice.shape[3] is not None and lattice.shape[3] != 2:
-        raise ValueError(f"lattice must have shape [B, T, U+1, 2], got {lattice.shape}")
-    logit_lengths = _int32(logit_lengths, "logit_lengths", 1)
-    label_lengths = _int32(label_lengths, "label_lengths", 1)
-    _same_dim({"lattice": lattice.shape[0], "logit_lengths": logit_lengths.shape[0],
-               "label_lengths": label_lengths.shape[0]}, "batch sizes")
+    if contract.static_dim(lattice, 3) not in (None, 2):
+        raise ValueError(f"{owner}: lattice must have shape [B, T, U+1, 2], got {lattice.shape}")
+    logit_lengths = contract.int32_tensor(logit_lengths, "logit_lengths", owner)
+    label_lengths = contract.int32_tensor(label_lengths, "label_lengths", owner)
+    contract.check_same_dims(
+        {"lattice": contract.static_dim(lattice, 0),
+         "logit_lengths": contract.static_dim(logit_lengths, 0),
+         "label_lengths": contract.static_dim(label_lengths, 0)}, "batch sizes", owner)
     if _xla_fallback("lattice_loss", "keras.FlashRNNTLoss and keras.RNNTLoss",
                      "Lengths are not validated there."):
         return _reference.lattice_loss(lattice, logit_lengths, label_lengths,
                                        float(fastemit_lambda), float(clamp))
     costs, _ = _lib().tf_rnnt_lattice_loss(
         lattice, logit_lengths, label_lengths, logit_lengths, label_lengths,
-        fastemit_lambda=float(fastemit_lambda), clamp=float(clamp))
+        fastemit_lambda=fastemit_lambda, clamp=clamp)
     return costs
 
 
 @tf.RegisterGradient("TfRnntLatticeLoss")
 def _lattice_loss_grad(op, d_costs, unused_d_grads):
-    return [op.outputs[1] * d_costs[:, None, None, None], None, None, None, None]
+    # The op's second output is d cost / d lattice; its own derivative (the Hessian) is not
+    # computed, so differentiating it again must fail rather than give zeros.
+    grads, = contract.first_order_only(
+        [op.outputs[1]], "tf_rnnt.lattice_loss (and rnnt_loss, flash_rnnt_loss)")
+    return [grads * d_costs[:, None, None, None], None, None, None, None]
 
 
-def _logits_to_lattice(logits, labels, blank, label_lengths):
-    logits = _float(logits, "logits", 4)
-    labels = _int32(labels, "labels", 2)
-    _same_dim({"logits": logits.shape[0], "labels": labels.shape[0]}, "batch sizes")
-    if labels.shape[1] is not None and logits.shape[2] is not None and \
-            labels.shape[1] + 1 != logits.shape[2]:
-        raise ValueError(f"labels [B, U] must have U = logits.shape[2] - 1 = {logits.shape[2] - 1}"
-                         f", got labels of shape {labels.shape}")
+def _logits_to_lattice(logits, labels, blank, label_lengths, owner):
+    logits = contract.float_tensor(logits, "logits", owner)
+    contract.check_vocabulary_size(contract.static_dim(logits, 3), "logits", owner)
+    blank = contract.check_blank(blank, owner, contract.static_dim(logits, 3))
+    labels = contract.int32_tensor(labels, "labels", owner)
+    contract.check_same_dims({"logits": contract.static_dim(logits, 0),
+                              "labels": contract.static_dim(labels, 0)}, "batch sizes", owner)
+    num_labels, num_states = contract.static_dim(labels, 1), contract.static_dim(logits, 2)
+    if num_labels is not None and num_states is not None and num_labels + 1 != num_states:
+        raise ValueError(f"{owner}: labels [B, U] must have U = logits.shape[2] - 1 = "
+                         f"{num_states - 1}, got labels of shape {labels.shape}")
     if _xla_fallback("logits_to_lattice", "keras.RNNTLoss", "Labels are not validated there."):
         return _reference.lattice_from_logits(logits, labels, blank)
     validate = label_lengths is not None
@@ -183,7 +172,7 @@ def _logits_to_lattice(logits, labels, blank, label_lengths):
     else:
         labels_host, lengths_host = tf.zeros([0, 0], tf.int32), tf.zeros([0], tf.int32)
     lattice, _ = _lib().tf_rnnt_logits_to_lattice(
-        logits, labels, labels_host, lengths_host, blank=int(blank), validate_labels=validate)
+        logits, labels, labels_host, lengths_host, blank=blank, validate_labels=validate)
     return lattice
 
 
@@ -204,13 +193,15 @@ def logits_to_lattice(logits, labels, blank=0):
     Returns:
       `[B, T, U+1, 2]` float32 lattice.
     """
-    return _logits_to_lattice(logits, labels, blank, None)
+    return _logits_to_lattice(logits, labels, blank, None, "tf_rnnt.logits_to_lattice")
 
 
 @tf.RegisterGradient("TfRnntLogitsToLattice")
 def _logits_to_lattice_grad(op, d_lattice, unused_d_lse):
     d_logits = _lib().tf_rnnt_logits_to_lattice_grad(
         op.inputs[0], op.inputs[1], op.outputs[1], d_lattice, blank=op.get_attr("blank"))
+    d_logits, = contract.first_order_only([d_logits],
+                                          "tf_rnnt.logits_to_lattice (and rnnt_loss)")
     return [d_logits, None, None, None]
 
 
@@ -237,22 +228,22 @@ def rnnt_loss(logits, labels, logit_lengths, label_lengths, blank=0, fastemit_la
       >>> costs = tf_rnnt.rnnt_loss(logits, labels, logit_lengths, label_lengths, blank=0)
       >>> loss = tf.reduce_mean(costs)
     """
-    label_lengths = _int32(label_lengths, "label_lengths", 1)
-    lattice = _logits_to_lattice(logits, labels, blank, label_lengths)
-    return lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda, clamp)
+    owner = "tf_rnnt.rnnt_loss"
+    fastemit_lambda = contract.check_fastemit_lambda(fastemit_lambda, owner)
+    clamp = contract.check_clamp(clamp, owner)
+    label_lengths = contract.int32_tensor(label_lengths, "label_lengths", owner)
+    lattice = _logits_to_lattice(logits, labels, blank, label_lengths, owner)
+    return _lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda, clamp, owner)
 
 
-def _joint_attrs(activation, mode, tile_size, memory_budget, blank):
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if tile_size is not None and (not isinstance(tile_size, int) or tile_size < 1):
-        raise ValueError(f"tile_size must be a positive int (lattice nodes per tile), got {tile_size!r}")
-    if memory_budget is not None and (not isinstance(memory_budget, int) or memory_budget < 1):
-        raise ValueError(f"memory_budget must be a positive int (bytes), got {memory_budget!r}")
-    return dict(blank=int(blank), activation=activation, untiled=mode == "untiled",
-                tile_nodes=tile_size or 0, memory_budget=memory_budget or 0,
+def _joint_attrs(activation, mode, tile_size, memory_budget, blank, vocab_size, owner):
+    contract.check_choice(activation, contract.ACTIVATION_NAMES, "activation", owner)
+    contract.check_choice(mode, contract.MODES, "mode", owner)
+    tile_size = contract.check_positive_int(tile_size, "tile_size", owner, "lattice nodes per tile")
+    memory_budget = contract.check_positive_int(memory_budget, "memory_budget", owner, "bytes")
+    return dict(blank=contract.check_blank(blank, owner, vocab_size), activation=activation,
+                untiled=mode == "untiled", tile_nodes=tile_size or 0,
+                memory_budget=memory_budget or 0,
                 allow_tf32=tf.config.experimental.tensor_float_32_execution_enabled())
 
 
@@ -306,34 +297,34 @@ def joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, label
       >>> lattice = tf_rnnt.joint_lattice(enc, pred, kernel, bias, labels, t_len, u_len)
       >>> costs = tf_rnnt.lattice_loss(lattice, t_len, u_len)
     """
-    attrs = _joint_attrs(activation, mode, tile_size, memory_budget, blank)
-    encoder = _float(encoder, "encoder", 3)
-    predictor = _float(predictor, "predictor", 3)
-    kernel = _float(kernel, "kernel", 2)
-    bias = _float(bias, "bias", 1)
+    return _joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths,
+                          blank, activation, mode, tile_size, memory_budget,
+                          "tf_rnnt.joint_lattice")
+
+
+def _joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths, blank,
+                   activation, mode, tile_size, memory_budget, owner):
+    encoder, predictor, kernel, bias = (
+        contract.float_tensor(x, name, owner) for name, x in
+        (("encoder", encoder), ("predictor", predictor), ("kernel", kernel), ("bias", bias)))
+    contract.check_vocabulary_size(contract.static_dim(kernel, 1), "kernel", owner)
+    attrs = _joint_attrs(activation, mode, tile_size, memory_budget, blank,
+                         contract.static_dim(kernel, 1), owner)
     for name, x in (("predictor", predictor), ("kernel", kernel), ("bias", bias)):
         if x.dtype != encoder.dtype:
-            raise ValueError(f"{name} must have the encoder's dtype {encoder.dtype.name}, "
-                             f"got {x.dtype.name}")
-    labels = _int32(labels, "labels", 2)
-    logit_lengths = _int32(logit_lengths, "logit_lengths", 1)
-    label_lengths = _int32(label_lengths, "label_lengths", 1)
-    _same_dim({"encoder": encoder.shape[0], "predictor": predictor.shape[0],
-               "labels": labels.shape[0], "logit_lengths": logit_lengths.shape[0],
-               "label_lengths": label_lengths.shape[0]}, "batch sizes")
-    _same_dim({"encoder": encoder.shape[2], "predictor": predictor.shape[2],
-               "kernel": kernel.shape[0]}, "joint widths H (encoder/predictor last axis, kernel rows)")
-    _same_dim({"kernel": kernel.shape[1], "bias": bias.shape[0]}, "vocabulary sizes V")
-    if labels.shape[1] is not None and predictor.shape[1] is not None and \
-            labels.shape[1] + 1 != predictor.shape[1]:
-        raise ValueError(f"labels [B, U] must have U = predictor.shape[1] - 1 = "
-                         f"{predictor.shape[1] - 1}, got labels of shape {labels.shape}")
+            raise ValueError(f"{owner}: {name} must have the encoder's dtype "
+                             f"{encoder.dtype.name}, got {x.dtype.name}")
+    labels, logit_lengths, label_lengths = (
+        contract.int32_tensor(x, name, owner) for name, x in
+        (("labels", labels), ("logit_lengths", logit_lengths), ("label_lengths", label_lengths)))
+    contract.check_joint_dims(encoder, predictor, kernel, bias, labels, logit_lengths,
+                              label_lengths, owner)
     if _xla_fallback("joint_lattice", "keras.RNNTJoint", "It materializes the full "
                      "[B, T, U+1, V] logits: rebuild the library against TensorFlow 2.21 "
                      "for XLA kernels, or compile the model with jit_compile=False to keep the "
                      "fused, tiled joint."):
-        lattice = _reference.joint_lattice(encoder, predictor, kernel, bias, labels, blank,
-                                           activation)
+        lattice = _reference.joint_lattice(encoder, predictor, kernel, bias, labels,
+                                           attrs["blank"], activation)
         return _valid_node_mask(lattice, logit_lengths, label_lengths)
     lattice, _, _, _ = _lib().tf_rnnt_joint_lattice(
         encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths, labels,
@@ -356,7 +347,8 @@ def _joint_lattice_grad(op, d_lattice, unused_d_lse, unused_d_hidden, unused_d_l
     grads = _lib().tf_rnnt_joint_lattice_grad(
         inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], inputs[5], inputs[6], inputs[5],
         inputs[6], lse, d_lattice, saved_hidden, saved_logits, **attrs)
-    return list(grads) + [None] * 6
+    return contract.first_order_only(
+        list(grads), "tf_rnnt.joint_lattice (and flash_rnnt_loss)") + [None] * 6
 
 
 def flash_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths, blank=0,
@@ -371,6 +363,10 @@ def flash_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths, lab
     Example:
       >>> costs = tf_rnnt.flash_rnnt_loss(enc, pred, kernel, bias, labels, t_len, u_len)
     """
-    lattice = joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths,
-                            label_lengths, blank, activation, mode, tile_size, memory_budget)
-    return lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda, clamp)
+    owner = "tf_rnnt.flash_rnnt_loss"
+    fastemit_lambda = contract.check_fastemit_lambda(fastemit_lambda, owner)
+    clamp = contract.check_clamp(clamp, owner)
+    lattice = _joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths,
+                             label_lengths, blank, activation, mode, tile_size, memory_budget,
+                             owner)
+    return _lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda, clamp, owner)

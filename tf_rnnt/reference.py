@@ -7,23 +7,23 @@ ops, so tests can check every hand-written gradient against it.
 
 FastEmit and the gradient clamp change the gradient, not the cost. They are
 expressed with autodiff too: an inner tape gives d cost / d lattice, which is
-then scaled and clamped exactly as the ops document.
+then scaled and clamped exactly as the ops document. That inner tape runs in the
+backward pass, so higher-order derivatives are those of the scaled, clamped gradient.
+
+Every function traces with unknown shapes. The losses check their lengths at run time
+(`logit_lengths` in `[1, T]`, `label_lengths` in `[0, U]`, one per sample) and raise
+InvalidArgumentError; labels are not checked (padded entries may hold any value, and
+values outside `[0, V)` are clipped into it).
 """
 
 import tensorflow as tf
 
+from tf_rnnt import _contract as contract
+
 __all__ = ["rnnt_loss", "lattice_from_logits", "lattice_loss", "joint_logits", "joint_lattice",
            "flash_rnnt_loss"]
 
-_ACTIVATIONS = {
-    "tanh": tf.tanh,
-    "relu": tf.nn.relu,
-    "identity": tf.identity,
-}
-
-
-def _normalize_blank(blank, vocab_size):
-    return blank % vocab_size if blank < 0 else blank
+_OWNER = "tf_rnnt.reference"
 
 
 def lattice_from_logits(logits, labels, blank=0):
@@ -39,12 +39,13 @@ def lattice_from_logits(logits, labels, blank=0):
       (0 at u = U).
     """
     logits = tf.cast(logits, tf.float32)
-    vocab_size = logits.shape[-1]
-    blank = _normalize_blank(blank, vocab_size)
+    vocab_size = contract.static_dim(logits, -1) if logits.shape.rank else None
+    if vocab_size is None:
+        vocab_size = tf.shape(logits)[-1]
+    blank = contract.normalized_blank(contract.check_blank(blank, _OWNER), vocab_size, _OWNER)
     log_probs = tf.nn.log_softmax(logits, axis=-1)
-    labels = tf.cast(labels, tf.int32)
-    blank_lp = log_probs[..., blank]
-    max_t = tf.shape(logits)[1]
+    labels = contract.int32_tensor(labels, "labels", _OWNER)
+    blank_lp = tf.gather(log_probs, blank, axis=-1)
     # Pad labels with one entry for u = U, whose pick is masked to 0 below.
     labels_ext = tf.pad(labels, [[0, 0], [0, 1]])
     labels_ext = tf.clip_by_value(labels_ext, 0, vocab_size - 1)
@@ -53,7 +54,6 @@ def lattice_from_logits(logits, labels, blank=0):
     u_plus_1 = tf.shape(labels)[1] + 1
     not_last = tf.sequence_mask(u_plus_1 - 1, u_plus_1)
     label_lp = tf.where(not_last[None, None, :], label_lp, tf.zeros_like(label_lp))
-    del max_t
     return tf.stack([blank_lp, label_lp], axis=-1)
 
 
@@ -69,10 +69,10 @@ def _alpha_cost(lattice, logit_lengths, label_lengths):
     alpha[t, u] = logaddexp(alpha[t-1, u] + blank[t-1, u], alpha[t, u-1] + label[t, u-1]).
     """
     lattice = tf.convert_to_tensor(lattice, tf.float32)
-    logit_lengths = tf.cast(logit_lengths, tf.int32)
-    label_lengths = tf.cast(label_lengths, tf.int32)
     shape = tf.shape(lattice)
     batch, max_t, max_u1 = shape[0], shape[1], shape[2]
+    logit_lengths, label_lengths = _checked_lengths(logit_lengths, label_lengths, batch, max_t,
+                                                    max_u1 - 1)
     num_diagonals = max_t + max_u1 - 1
     # skewed[b, n, u] = lattice[b, n - u, u] (t = n - u), _LOG_ZERO off the lattice.
     diag = tf.range(num_diagonals)[:, None]
@@ -102,26 +102,46 @@ def _alpha_cost(lattice, logit_lengths, label_lengths):
     return -(tf.gather_nd(alphas, final) + tf.gather_nd(skewed[..., 0], final))
 
 
+def _checked_lengths(logit_lengths, label_lengths, batch, max_t, max_u):
+    """int32 lengths with run-time checks: one per sample, in `[1, T]` and `[0, U]`."""
+    logit_lengths = contract.int32_tensor(logit_lengths, "logit_lengths", _OWNER)
+    label_lengths = contract.int32_tensor(label_lengths, "label_lengths", _OWNER)
+    checks = [
+        tf.debugging.assert_equal(tf.size(logit_lengths), batch,
+                                  message=f"{_OWNER}: logit_lengths needs one entry per sample"),
+        tf.debugging.assert_equal(tf.size(label_lengths), batch,
+                                  message=f"{_OWNER}: label_lengths needs one entry per sample"),
+        tf.debugging.assert_greater_equal(logit_lengths, 1,
+                                          message=f"{_OWNER}: logit_lengths must be >= 1"),
+        tf.debugging.assert_less_equal(logit_lengths, max_t,
+                                       message=f"{_OWNER}: logit_lengths must be <= T"),
+        tf.debugging.assert_greater_equal(label_lengths, 0,
+                                          message=f"{_OWNER}: label_lengths must be >= 0"),
+        tf.debugging.assert_less_equal(label_lengths, max_u,
+                                       message=f"{_OWNER}: label_lengths must be <= U"),
+    ]
+    with tf.control_dependencies(checks):
+        return tf.identity(logit_lengths), tf.identity(label_lengths)
+
+
 def _shaped_gradient_cost(lattice, logit_lengths, label_lengths, fastemit_lambda, clamp):
     """Cost whose gradient is FastEmit-scaled and clamped per sample."""
 
     @tf.custom_gradient
     def cost_fn(lat):
-        with tf.GradientTape() as tape:
-            tape.watch(lat)
-            cost = _alpha_cost(lat, logit_lengths, label_lengths)
-            total = tf.reduce_sum(cost)
-        grad = tape.gradient(total, lat)  # per-sample d cost_b / d lattice_b
-        grad = tf.where(tf.math.is_nan(grad), tf.zeros_like(grad), grad)
-        scale = tf.constant([1.0, 1.0 + fastemit_lambda], tf.float32)
-        grad = grad * scale
-        if clamp > 0:
-            grad = tf.clip_by_value(grad, -clamp, clamp)
-
         def backward(upstream):
+            # In the backward pass, so that a tape around it sees how grad depends on lat.
+            with tf.GradientTape() as tape:
+                tape.watch(lat)
+                total = tf.reduce_sum(_alpha_cost(lat, logit_lengths, label_lengths))
+            grad = tape.gradient(total, lat)  # per-sample d cost_b / d lattice_b
+            grad = tf.where(tf.math.is_nan(grad), tf.zeros_like(grad), grad)
+            grad = grad * tf.constant([1.0, 1.0 + fastemit_lambda], tf.float32)
+            if clamp > 0:
+                grad = tf.clip_by_value(grad, -clamp, clamp)
             return grad * tf.reshape(upstream, [-1, 1, 1, 1])
 
-        return cost, backward
+        return _alpha_cost(lat, logit_lengths, label_lengths), backward
 
     return cost_fn(lattice)
 
@@ -129,10 +149,11 @@ def _shaped_gradient_cost(lattice, logit_lengths, label_lengths, fastemit_lambda
 def lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda=0.0, clamp=-1.0):
     """Reference `tf_rnnt.lattice_loss`: costs `[B]` from a `[B, T, U+1, 2]` lattice."""
     lattice = tf.convert_to_tensor(lattice, tf.float32)
+    fastemit_lambda = contract.check_fastemit_lambda(fastemit_lambda, _OWNER)
+    clamp = contract.check_clamp(clamp, _OWNER)
     if fastemit_lambda == 0.0 and clamp <= 0:
         return _alpha_cost(lattice, logit_lengths, label_lengths)
-    return _shaped_gradient_cost(lattice, logit_lengths, label_lengths, float(fastemit_lambda),
-                                 float(clamp))
+    return _shaped_gradient_cost(lattice, logit_lengths, label_lengths, fastemit_lambda, clamp)
 
 
 def rnnt_loss(logits, labels, logit_lengths, label_lengths, blank=0, fastemit_lambda=0.0,
@@ -168,9 +189,9 @@ def joint_logits(encoder, predictor, kernel, bias, activation="tanh"):
     Returns:
       `[B, T, U+1, V]` logits in the inputs' dtype.
     """
-    if activation not in _ACTIVATIONS:
-        raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
-    hidden = _ACTIVATIONS[activation](encoder[:, :, None, :] + predictor[:, None, :, :])
+    contract.check_choice(activation, contract.ACTIVATION_NAMES, "activation", _OWNER)
+    act, _ = contract.ACTIVATIONS[activation]
+    hidden = act(encoder[:, :, None, :] + predictor[:, None, :, :])
     return tf.einsum("btuh,hv->btuv", hidden, kernel) + bias
 
 
