@@ -6,6 +6,7 @@ Public API:
   samplewise_rnnt_loss: sample-wise RNN-T in pure TensorFlow.
   reference: the pure-TensorFlow oracle (full logits, autodiff).
   keras: FlashRNNTLoss, RNNTLoss and the RNNTJoint layer.
+  build_info, library_available: what the op library was built with; whether it loads.
 """
 
 import importlib
@@ -19,6 +20,8 @@ _LAZY = {
     "joint_lattice": "tf_rnnt.ops",
     "flash_rnnt_loss": "tf_rnnt.ops",
     "samplewise_rnnt_loss": "tf_rnnt.samplewise",
+    "build_info": "tf_rnnt._loader",
+    "library_available": "tf_rnnt.ops",
 }
 _SUBMODULES = ("reference", "keras", "ops", "samplewise")
 
