@@ -54,9 +54,9 @@ PY
 
 # Policy check and manylinux tag. `auditwheel show` alone reports linux_x86_64 because of
 # libtensorflow_framework.so.2; repair with it excluded finds the manylinux policy the rest allows.
-"$work/venv/bin/auditwheel" repair --exclude libtensorflow_framework.so.2 --only-plat \
+PATH="$work/venv/bin:$PATH" auditwheel repair --exclude libtensorflow_framework.so.2 --only-plat \
   ${TF_RNNT_MANYLINUX:+--plat "$TF_RNNT_MANYLINUX"} -w "$work/repaired" "$raw"
 wheel=$(ls "$work"/repaired/tf_rnnt-*.whl)
-"$work/venv/bin/auditwheel" show "$wheel" || true
+PATH="$work/venv/bin:$PATH" auditwheel show "$wheel" || true
 cp "$wheel" "$OUT/"
 echo "build_wheel.sh: $OUT/$(basename "$wheel")"
