@@ -196,10 +196,14 @@ def test_no_gpu_no_warning():
 
 @wheel_only
 def test_wheel_is_installed_not_the_source_tree():
-    assert not os.path.exists(os.path.join(os.path.dirname(tf_rnnt.__file__), "..", "custom_ops"))
-    assert "site-packages" in tf_rnnt.__file__
-    wheel = importlib.metadata.distribution("tf_rnnt").read_text("WHEEL")
-    tags = [line.split(":", 1)[1].strip() for line in wheel.splitlines() if line.startswith("Tag:")]
+    package_dir = os.path.dirname(os.path.abspath(tf_rnnt.__file__))
+    assert not os.path.exists(os.path.join(package_dir, "..", "custom_ops")), package_dir
+    dist = _imported_distribution()
+    assert dist is not None, package_dir
+    direct_url = json.loads(dist.read_text("direct_url.json") or "{}")
+    assert "dir_info" not in direct_url, direct_url  # installed from a wheel, not a source tree
+    tags = [line.split(":", 1)[1].strip() for line in dist.read_text("WHEEL").splitlines()
+            if line.startswith("Tag:")]
     assert tags and all(t.startswith("py3-none-manylinux_") for t in tags), tags
 
 
