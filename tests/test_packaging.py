@@ -214,3 +214,29 @@ def test_wheel_has_gpu_kernels_for_every_op():
     assert info["cuda_archs"] == WHEEL_ARCHS and info["cuda_ptx"] == "compute_90"
     assert tf_rnnt.library_available()
     assert _loader.gpu_kernel_ops() == list(_loader.OPS)
+
+
+@pytest.mark.parametrize("recorded, loads", [("patch", True), ("minor", False)])
+def test_version_check_is_per_minor(tmp_path, recorded, loads):
+    # A copy of the library whose build record names another patch / minor release.
+    info = tf_rnnt.build_info()
+    major, minor = _minor(tf.__version__)
+    other = f"{major}.{minor}.97" if recorded == "patch" else f"{major}.{minor - 1}.0"
+    library = tmp_path / os.path.basename(info.pop("library"))
+    library.write_bytes(open(_loader.library_path(), "rb").read())
+    (tmp_path / "_build_info.json").write_text(json.dumps(dict(info, tensorflow=other)))
+    result = _run_python("""
+        from tf_rnnt import _loader
+        try:
+            _loader.load()
+            print("loaded")
+        except _loader.OpLibraryError as e:
+            print("error:", e)
+    """, TF_RNNT_LIBRARY=str(library))
+    assert result.returncode == 0, result.stderr
+    last = result.stdout.strip().splitlines()[-1]
+    if loads:
+        assert last == "loaded"
+    else:
+        assert last.startswith("error:") and f"built for TensorFlow {other}" in last
+        assert f".{major}{minor:02d}" in last  # names the wheel version for this TensorFlow

@@ -117,9 +117,13 @@ def load():
         built_for = (_read_build_info(path) or {}).get("tensorflow")
         # Patch releases of one TensorFlow minor version keep the C++ ABI the library uses.
         if built_for is not None and _minor(built_for) != _minor(tf.__version__):
+            from tf_rnnt import __version__
+
+            major, minor = _minor(tf.__version__)
             raise OpLibraryError(
                 f"tf_rnnt's op library {path} was built for TensorFlow {built_for}, but "
-                f"TensorFlow {tf.__version__} is installed. {_FIX}")
+                f"TensorFlow {tf.__version__} is installed. {_FIX} (tf_rnnt's wheel for TensorFlow "
+                f"{major}.{minor} is version {__version__}.{major}{int(minor):02d}.)")
         try:
             library = tf.load_op_library(path)
         except (tf.errors.NotFoundError, OSError) as e:
