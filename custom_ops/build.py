@@ -111,8 +111,7 @@ def build(out, jobs):
     cuda_home = find_cuda_home(nvcc) if nvcc else None
     host_flags = cpu_flags()
     obj_dir = os.path.join(ROOT, "build", "obj-" + hashlib.sha1(
-        (tf_version + str(nvcc) + sys.version + " ".join(host_flags) + os.environ.get("TF_RNNT_CUDA_ARCHS", "")
-         ).encode()).hexdigest()[:10])
+        (tf_version + str(nvcc) + sys.version + " ".join(host_flags + cuda_archs())).encode()).hexdigest()[:10])
     os.makedirs(obj_dir, exist_ok=True)
     include = ["-I" + os.path.join(SRC, "include"), "-I" + os.path.join(SRC, "core")]
     cxx = os.environ.get("CXX", "g++")
