@@ -11,12 +11,18 @@ TF_RNNT_WITH_XLA=0. TF_RNNT_CUDA_ARCHS (default "80;86;89;90") lists the SM arch
 PTX for the newest is embedded too. cudart is linked statically (it then loads under both
 `tensorflow` and `tensorflow-cpu`); cuBLAS is not linked: the op uses the one TensorFlow loaded.
 Only the glue files (custom_ops/tf) see TensorFlow headers, to keep the build short.
+
+Host code targets a portable CPU baseline (x86-64-v2 on x86_64); TF_RNNT_CPU_FLAGS replaces it,
+e.g. TF_RNNT_CPU_FLAGS="-march=native" for a build that only runs on this machine's CPU type.
+Writes _build_info.json next to the library: what tf_rnnt.build_info() reports.
 """
 
 import argparse
 import concurrent.futures
 import hashlib
+import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -42,6 +48,53 @@ def find_cuda_home(nvcc):
         if home and os.path.exists(os.path.join(home, "include", "cuda_runtime.h")):
             return home
     raise RuntimeError(f"found {nvcc} but no CUDA toolkit headers; set CUDA_HOME")
+
+
+def cpu_flags():
+    """Instruction-set flags for host code: TF_RNNT_CPU_FLAGS, else a portable baseline."""
+    if "TF_RNNT_CPU_FLAGS" in os.environ:
+        return os.environ["TF_RNNT_CPU_FLAGS"].split()
+    return ["-march=x86-64-v2", "-mtune=generic"] if platform.machine() == "x86_64" else []
+
+
+def cuda_archs():
+    return [a for a in os.environ.get("TF_RNNT_CUDA_ARCHS", DEFAULT_ARCHS).replace(",", ";").split(";") if a]
+
+
+def tool_version(cmd):
+    """First line of `cmd --version` (for nvcc the `release ...` line), or None."""
+    try:
+        text = subprocess.run([cmd, "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    release = [line for line in lines if "release" in line]
+    return (release + lines + [None])[0]
+
+
+def write_build_info(lib_dir, tf_version, nvcc, archs, cxx, host_flags, xla):
+    """Records what the library was built with and for; tf_rnnt.build_info() returns it."""
+    info = {
+        "tensorflow": tf_version,
+        "cuda": bool(nvcc),
+        "cuda_archs": [f"sm_{a}" for a in archs] if nvcc else [],
+        "cuda_ptx": f"compute_{archs[-1]}" if nvcc else None,
+        "cuda_version": None,
+        "cudart": "static" if nvcc else None,
+        "nvcc": tool_version(nvcc) if nvcc else None,
+        "cxx": cxx,
+        "cxx_version": tool_version(cxx),
+        "cpu_flags": host_flags,
+        "platform": f"{platform.system().lower()}_{platform.machine()}",
+        "xla": bool(xla),
+    }
+    if nvcc and info["nvcc"] and "release" in info["nvcc"]:
+        # "Cuda compilation tools, release 13.0, V13.0.88" -> "13.0.88"
+        info["cuda_version"] = info["nvcc"].rsplit("V", 1)[-1]
+    with open(os.path.join(lib_dir, "_build_info.json"), "w") as f:
+        json.dump(info, f, indent=1, sort_keys=True)
+        f.write("\n")
+    return info
 
 
 def tf_flags():
@@ -78,12 +131,13 @@ def build(out, jobs, tests=False):
     tf_include = [f[2:] for f in compile_flags if f.startswith("-I")][0]
     nvcc = find_nvcc()
     cuda_home = find_cuda_home(nvcc) if nvcc else None
+    host_flags = cpu_flags()
     obj_dir = os.path.join(ROOT, "build", "obj-" + hashlib.sha1(
-        (tf_version + str(nvcc) + sys.version).encode()).hexdigest()[:10])
+        (tf_version + str(nvcc) + sys.version + " ".join(host_flags + cuda_archs())).encode()).hexdigest()[:10])
     os.makedirs(obj_dir, exist_ok=True)
     include = ["-I" + os.path.join(SRC, "include"), "-I" + os.path.join(SRC, "core")]
     cxx = os.environ.get("CXX", "g++")
-    base = ["-O3", "-std=c++17", "-fPIC", "-mavx2", "-mfma", "-Wall", "-Wno-sign-compare",
+    base = ["-O3", "-std=c++17", "-fPIC", *host_flags, "-Wall", "-Wno-sign-compare",
             "-Wno-deprecated-declarations", "-Wno-unused-function", "-Wno-interference-size"] + include
     core_flags = base + ["-I" + tf_include, "-DEIGEN_MAX_ALIGN_BYTES=64"]
     glue_flags = base + [f for f in compile_flags if f != "--std=c++17"] + ["-std=c++17"]
@@ -103,7 +157,7 @@ def build(out, jobs, tests=False):
     if nvcc:
         cuda_include = "-I" + os.path.join(cuda_home, "include")
         cuda_defs = ["-DTF_RNNT_WITH_CUDA=1", cuda_include]
-        archs = [a for a in os.environ.get("TF_RNNT_CUDA_ARCHS", DEFAULT_ARCHS).replace(",", ";").split(";") if a]
+        archs = cuda_archs()
         gencode = []
         for a in archs:
             gencode += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
@@ -140,12 +194,13 @@ def build(out, jobs, tests=False):
         libs += ["-L" + os.path.join(cuda_home, "lib64"), "-l:libcudart_static.a", "-lrt"]
     os.makedirs(os.path.dirname(out), exist_ok=True)
     tmp = out + ".tmp"
-    # Every tf_rnnt symbol must resolve inside the library (TensorFlow's come from its own .so).
-    run([cxx, "-shared", "-o", tmp, *objects, *libs, "-Wl,-O1", "-Wl,--no-undefined"])
+    # GNU ld / lld on Linux: every tf_rnnt symbol must resolve inside the library or TensorFlow's
+    # libtensorflow_framework (a missing one fails here, not at load time). Other linkers lack the flag.
+    strict = ["-Wl,--no-undefined"] if sys.platform.startswith("linux") else []
+    run([cxx, "-shared", "-o", tmp, *objects, *libs, "-Wl,-O1", *strict])
     os.replace(tmp, out)
-    with open(os.path.join(os.path.dirname(out), "_build_info.txt"), "w") as f:
-        f.write(f"tensorflow={tf_version}\ncuda={'yes' if nvcc else 'no'}\n"
-                f"xla={'yes' if with_xla else 'no'}\n")
+    write_build_info(os.path.dirname(out), tf_version, nvcc, cuda_archs() if nvcc else [], cxx,
+                     host_flags, with_xla)
     print(f"built {out} (TensorFlow {tf_version}, CUDA {'on' if nvcc else 'off'}, "
           f"XLA kernels {'on' if with_xla else 'off'})")
 

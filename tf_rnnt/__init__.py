@@ -6,6 +6,7 @@ Public API:
   samplewise_rnnt_loss: sample-wise RNN-T in pure TensorFlow.
   reference: the pure-TensorFlow oracle (full logits, autodiff).
   keras: FlashRNNTLoss, RNNTLoss and the RNNTJoint layer.
+  build_info, library_available: what the op library was built with; whether it loads.
 """
 
 import importlib
@@ -22,6 +23,8 @@ _LAZY = {
     "flash_rnnt_loss": "tf_rnnt.ops",
     "samplewise_rnnt_loss": "tf_rnnt.samplewise",
     "SecondOrderGradientError": "tf_rnnt._contract",
+    "build_info": "tf_rnnt._loader",
+    "library_available": "tf_rnnt.ops",
 }
 _SUBMODULES = ("reference", "keras", "ops", "samplewise")
 
