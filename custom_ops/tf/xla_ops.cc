@@ -16,16 +16,16 @@
 #include <cstring>
 #include <initializer_list>
 #include <memory>
-#include <new>
 #include <mutex>
+#include <new>
 #include <string>
 #include <vector>
 
+#include "op_inputs.h"
 #include "tensorflow/compiler/tf2xla/xla_op_kernel.h"
 #include "tensorflow/core/framework/kernel_def_builder.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/types.h"
-#include "tf_rnnt/node_math.h"
 #include "tf_rnnt/rnnt_core.h"
 #include "xla/ffi/api/c_api.h"
 #include "xla/ffi/api/ffi.h"
@@ -53,9 +53,7 @@ constexpr int64_t kDefaultCpuMemoryBudget = 64LL << 20;
 // An MLIR dictionary attribute, the backend config of a typed-FFI custom call.
 class AttrDict {
  public:
-  AttrDict& i64(const char* name, int64_t v) {
-    return add(name, std::to_string(v) + " : i64");
-  }
+  AttrDict& i64(const char* name, int64_t v) { return add(name, std::to_string(v) + " : i64"); }
   AttrDict& f32(const char* name, float v) {
     char buf[64];
     std::snprintf(buf, sizeof(buf), "%.9e : f32", static_cast<double>(v));
@@ -80,8 +78,7 @@ void emit_custom_call(XlaOpKernelContext* ctx, const char* target,
   const ::xla::XlaOp call = ::xla::CustomCall(
       ctx->builder(), target, operands, ::xla::ShapeUtil::MakeTupleShape(results), attrs.str(),
       /*has_side_effect=*/false, /*output_operand_aliasing=*/{}, /*literal=*/nullptr,
-      ::xla::CustomCallSchedule::SCHEDULE_NONE,
-      ::xla::CustomCallApiVersion::API_VERSION_TYPED_FFI);
+      ::xla::CustomCallSchedule::SCHEDULE_NONE, ::xla::CustomCallApiVersion::API_VERSION_TYPED_FFI);
   for (size_t i = 0; i < outputs.size(); ++i) {
     ctx->SetOutput(outputs[i], ::xla::GetTupleElement(call, static_cast<int64_t>(i)));
   }
@@ -134,9 +131,13 @@ class LatticeLossXla : public XlaOpKernel {
 
   void Compile(XlaOpKernelContext* ctx) override {
     std::vector<int64_t> d;
-    if (!static_dims(ctx, 0, "lattice", 4, &d)) return;
-    const auto f32 = [](std::vector<int64_t> dims) { return ::xla::ShapeUtil::MakeShape(::xla::F32, dims); };
-    emit_custom_call(ctx, "tf_rnnt_lattice_loss", {ctx->Input(0), ctx->Input(1), ctx->Input(2)},
+    using namespace lattice_loss_in;  // NOLINT: the input names
+    if (!static_dims(ctx, kLattice, "lattice", 4, &d)) return;
+    const auto f32 = [](std::vector<int64_t> dims) {
+      return ::xla::ShapeUtil::MakeShape(::xla::F32, dims);
+    };
+    emit_custom_call(ctx, "tf_rnnt_lattice_loss",
+                     {ctx->Input(kLattice), ctx->Input(kLogitLengths), ctx->Input(kLabelLengths)},
                      {f32({d[0]}), f32(d)},
                      AttrDict().f32("fastemit_lambda", fastemit_lambda_).f32("clamp", clamp_),
                      {0, 1});
@@ -154,14 +155,17 @@ class LogitsToLatticeXla : public XlaOpKernel {
   }
 
   void Compile(XlaOpKernelContext* ctx) override {
+    using namespace logits_to_lattice_in;  // NOLINT: the input names
     std::vector<int64_t> d;
-    if (!static_dims(ctx, 0, "logits", 4, &d)) return;
+    if (!static_dims(ctx, kLogits, "logits", 4, &d)) return;
     int64_t blank;
     if (!normalize_blank(ctx, blank_attr_, d[3], &blank)) return;
-    const auto f32 = [](std::vector<int64_t> dims) { return ::xla::ShapeUtil::MakeShape(::xla::F32, dims); };
-    // Validation reads the labels and the label lengths (input 3); without it, an empty vector.
+    const auto f32 = [](std::vector<int64_t> dims) {
+      return ::xla::ShapeUtil::MakeShape(::xla::F32, dims);
+    };
+    // Validation reads the labels and the label lengths; without it, an empty vector.
     emit_custom_call(ctx, "tf_rnnt_logits_to_lattice",
-                     {ctx->Input(0), ctx->Input(1), ctx->Input(3)},
+                     {ctx->Input(kLogits), ctx->Input(kLabels), ctx->Input(kLabelLengthsHost)},
                      {f32({d[0], d[1], d[2], 2}), f32({d[0], d[1], d[2]})},
                      AttrDict().i64("blank", blank).i64("validate", validate_ ? 1 : 0), {0, 1});
   }
@@ -178,14 +182,16 @@ class LogitsToLatticeGradXla : public XlaOpKernel {
   }
 
   void Compile(XlaOpKernelContext* ctx) override {
+    using namespace logits_to_lattice_grad_in;  // NOLINT: the input names
     std::vector<int64_t> d;
-    if (!static_dims(ctx, 0, "logits", 4, &d)) return;
+    if (!static_dims(ctx, kLogits, "logits", 4, &d)) return;
     int64_t blank;
     if (!normalize_blank(ctx, blank_attr_, d[3], &blank)) return;
-    emit_custom_call(ctx, "tf_rnnt_logits_to_lattice_grad",
-                     {ctx->Input(0), ctx->Input(1), ctx->Input(2), ctx->Input(3)},
-                     {::xla::ShapeUtil::MakeShape(xla_type(ctx->input_type(0)), d)},
-                     AttrDict().i64("blank", blank), {0});
+    emit_custom_call(
+        ctx, "tf_rnnt_logits_to_lattice_grad",
+        {ctx->Input(kLogits), ctx->Input(kLabels), ctx->Input(kLse), ctx->Input(kDLattice)},
+        {::xla::ShapeUtil::MakeShape(xla_type(ctx->input_type(kLogits)), d)},
+        AttrDict().i64("blank", blank), {0});
   }
 
  private:
@@ -194,7 +200,7 @@ class LogitsToLatticeGradXla : public XlaOpKernel {
 
 struct JointXlaAttrs {
   int blank_attr = 0;
-  int activation = kTanh;
+  Activation activation = Activation::kTanh;
   int64_t tile_nodes = 0;
   int64_t memory_budget = 0;
   bool allow_tf32 = true;
@@ -206,21 +212,26 @@ struct JointXlaAttrs {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("tile_nodes", &tile_nodes));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("memory_budget", &memory_budget));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("allow_tf32", &allow_tf32));
-    activation = act == "relu" ? kRelu : act == "identity" ? kIdentity : kTanh;
+    activation = act == "relu"       ? Activation::kRelu
+                 : act == "identity" ? Activation::kIdentity
+                                     : Activation::kTanh;
   }
 
   // [B, T, H], [B, U1, H], [H, V], [V], [B, U]: checks and returns B, T, U1, H, V and blank.
   bool dims(XlaOpKernelContext* ctx, std::vector<int64_t>* enc, std::vector<int64_t>* pred,
             std::vector<int64_t>* kernel, int64_t* blank) const {
+    using namespace joint_in;  // NOLINT: the input names
     std::vector<int64_t> bias, labels;
-    if (!static_dims(ctx, 0, "encoder", 3, enc) || !static_dims(ctx, 1, "predictor", 3, pred) ||
-        !static_dims(ctx, 2, "kernel", 2, kernel) || !static_dims(ctx, 3, "bias", 1, &bias) ||
-        !static_dims(ctx, 4, "labels", 2, &labels)) {
+    if (!static_dims(ctx, kEncoder, "encoder", 3, enc) ||
+        !static_dims(ctx, kPredictor, "predictor", 3, pred) ||
+        !static_dims(ctx, kKernel, "kernel", 2, kernel) ||
+        !static_dims(ctx, kBias, "bias", 1, &bias) ||
+        !static_dims(ctx, kLabels, "labels", 2, &labels)) {
       return false;
     }
     const int64_t B = (*enc)[0], H = (*enc)[2], U1 = (*pred)[1], V = (*kernel)[1];
-    if ((*pred)[0] != B || (*pred)[2] != H || (*kernel)[0] != H || bias[0] != V ||
-        labels[0] != B || labels[1] != U1 - 1 || U1 < 1 || V < 1) {
+    if ((*pred)[0] != B || (*pred)[2] != H || (*kernel)[0] != H || bias[0] != V || labels[0] != B ||
+        labels[1] != U1 - 1 || U1 < 1 || V < 1) {
       ctx->CtxFailure(InvalidArgument(
           "joint_lattice: inconsistent shapes: encoder [B, T, H], predictor [B, U+1, H], kernel "
           "[H, V], bias [V] and labels [B, U] expected"));
@@ -232,12 +243,21 @@ struct JointXlaAttrs {
   AttrDict dict(int64_t blank) const {
     return AttrDict()
         .i64("blank", blank)
-        .i64("activation", activation)
+        .i64("activation", static_cast<int64_t>(activation))
         .i64("tile_nodes", tile_nodes)
         .i64("memory_budget", memory_budget)
         .i64("allow_tf32", allow_tf32 ? 1 : 0);
   }
 };
+
+// The first operands of both joint custom calls: encoder .. label_lengths (joint_in).
+std::vector<::xla::XlaOp> joint_operands(XlaOpKernelContext* ctx) {
+  std::vector<::xla::XlaOp> operands;
+  for (int i = joint_in::kEncoder; i <= joint_in::kLabelLengths; ++i) {
+    operands.push_back(ctx->Input(i));
+  }
+  return operands;
+}
 
 class JointLatticeXla : public XlaOpKernel {
  public:
@@ -249,17 +269,16 @@ class JointLatticeXla : public XlaOpKernel {
     int64_t blank;
     if (!attrs_.dims(ctx, &enc, &pred, &kernel, &blank)) return;
     const int64_t B = enc[0], T = enc[1], U1 = pred[1];
-    std::vector<::xla::XlaOp> operands;
-    for (int i = 0; i < 7; ++i) operands.push_back(ctx->Input(i));
-    emit_custom_call(ctx, "tf_rnnt_joint_lattice", operands,
+    emit_custom_call(ctx, "tf_rnnt_joint_lattice", joint_operands(ctx),
                      {::xla::ShapeUtil::MakeShape(::xla::F32, {B, T, U1, 2}),
                       ::xla::ShapeUtil::MakeShape(::xla::F32, {B * T * U1})},
                      attrs_.dict(blank), {0, 1});
-    // Nothing is kept for the backward pass beyond the log-sum-exp.
+    // Nothing is kept for the backward pass beyond the log-sum-exp: empty saved buffers.
     const ::xla::XlaOp zero = ::xla::ConstantR0<float>(ctx->builder(), 0.f);
-    ctx->SetOutput(2, ::xla::Broadcast(::xla::ConvertElementType(zero, xla_type(ctx->input_type(0))),
-                                       {0, 1}));
-    ctx->SetOutput(3, ::xla::Broadcast(zero, {0, 1}));
+    ctx->SetOutput(2, ::xla::Broadcast(::xla::ConvertElementType(
+                                           zero, xla_type(ctx->input_type(joint_in::kEncoder))),
+                                       {0}));
+    ctx->SetOutput(3, ::xla::Broadcast(zero, {0}));
   }
 
  private:
@@ -276,54 +295,53 @@ class JointLatticeGradXla : public XlaOpKernel {
     int64_t blank;
     if (!attrs_.dims(ctx, &enc, &pred, &kernel, &blank)) return;
     std::vector<int64_t> lse;
-    if (!static_dims(ctx, 9, "lse", 1, &lse)) return;
+    if (!static_dims(ctx, joint_grad_in::kLse, "lse", 1, &lse)) return;
     const int64_t B = enc[0], T = enc[1], U1 = pred[1];
     if (lse[0] != B * T * U1) {
       ctx->CtxFailure(InvalidArgument("joint_lattice gradient: lse must have ", B * T * U1,
                                       " entries under XLA, got ", lse[0]));
       return;
     }
-    std::vector<::xla::XlaOp> operands;
-    for (int i = 0; i < 7; ++i) operands.push_back(ctx->Input(i));
-    operands.push_back(ctx->Input(9));   // lse
-    operands.push_back(ctx->Input(10));  // d_lattice
-    const ::xla::PrimitiveType t = xla_type(ctx->input_type(0));
-    emit_custom_call(ctx, "tf_rnnt_joint_lattice_grad", operands,
-                     {::xla::ShapeUtil::MakeShape(t, enc), ::xla::ShapeUtil::MakeShape(t, pred),
-                      ::xla::ShapeUtil::MakeShape(t, kernel),
-                      ::xla::ShapeUtil::MakeShape(t, {kernel[1]})},
-                     attrs_.dict(blank), {0, 1, 2, 3});
+    std::vector<::xla::XlaOp> operands = joint_operands(ctx);
+    operands.push_back(ctx->Input(joint_grad_in::kLse));
+    operands.push_back(ctx->Input(joint_grad_in::kDLattice));
+    const ::xla::PrimitiveType t = xla_type(ctx->input_type(joint_in::kEncoder));
+    emit_custom_call(
+        ctx, "tf_rnnt_joint_lattice_grad", operands,
+        {::xla::ShapeUtil::MakeShape(t, enc), ::xla::ShapeUtil::MakeShape(t, pred),
+         ::xla::ShapeUtil::MakeShape(t, kernel), ::xla::ShapeUtil::MakeShape(t, {kernel[1]})},
+        attrs_.dict(blank), {0, 1, 2, 3});
   }
 
  private:
   JointXlaAttrs attrs_;
 };
 
-#define TF_RNNT_XLA_KERNELS(DEVICE)                                                           \
-  REGISTER_KERNEL_BUILDER(Name("TfRnntLatticeLoss").Device(DEVICE), LatticeLossXla);          \
-  REGISTER_KERNEL_BUILDER(                                                                    \
-      Name("TfRnntLogitsToLattice")                                                           \
-          .Device(DEVICE)                                                                     \
-          .TypeConstraint("dtype", {::tensorflow::DT_FLOAT, ::tensorflow::DT_HALF,            \
-                                    ::tensorflow::DT_BFLOAT16}),                              \
-      LogitsToLatticeXla);                                                                    \
-  REGISTER_KERNEL_BUILDER(                                                                    \
-      Name("TfRnntLogitsToLatticeGrad")                                                       \
-          .Device(DEVICE)                                                                     \
-          .TypeConstraint("dtype", {::tensorflow::DT_FLOAT, ::tensorflow::DT_HALF,            \
-                                    ::tensorflow::DT_BFLOAT16}),                              \
-      LogitsToLatticeGradXla);                                                                \
-  REGISTER_KERNEL_BUILDER(                                                                    \
-      Name("TfRnntJointLattice")                                                              \
-          .Device(DEVICE)                                                                     \
-          .TypeConstraint("dtype", {::tensorflow::DT_FLOAT, ::tensorflow::DT_HALF,            \
-                                    ::tensorflow::DT_BFLOAT16}),                              \
-      JointLatticeXla);                                                                       \
-  REGISTER_KERNEL_BUILDER(                                                                    \
-      Name("TfRnntJointLatticeGrad")                                                          \
-          .Device(DEVICE)                                                                     \
-          .TypeConstraint("dtype", {::tensorflow::DT_FLOAT, ::tensorflow::DT_HALF,            \
-                                    ::tensorflow::DT_BFLOAT16}),                              \
+#define TF_RNNT_XLA_KERNELS(DEVICE)                                                  \
+  REGISTER_KERNEL_BUILDER(Name("TfRnntLatticeLoss").Device(DEVICE), LatticeLossXla); \
+  REGISTER_KERNEL_BUILDER(                                                           \
+      Name("TfRnntLogitsToLattice")                                                  \
+          .Device(DEVICE)                                                            \
+          .TypeConstraint("dtype", {::tensorflow::DT_FLOAT, ::tensorflow::DT_HALF,   \
+                                    ::tensorflow::DT_BFLOAT16}),                     \
+      LogitsToLatticeXla);                                                           \
+  REGISTER_KERNEL_BUILDER(                                                           \
+      Name("TfRnntLogitsToLatticeGrad")                                              \
+          .Device(DEVICE)                                                            \
+          .TypeConstraint("dtype", {::tensorflow::DT_FLOAT, ::tensorflow::DT_HALF,   \
+                                    ::tensorflow::DT_BFLOAT16}),                     \
+      LogitsToLatticeGradXla);                                                       \
+  REGISTER_KERNEL_BUILDER(                                                           \
+      Name("TfRnntJointLattice")                                                     \
+          .Device(DEVICE)                                                            \
+          .TypeConstraint("dtype", {::tensorflow::DT_FLOAT, ::tensorflow::DT_HALF,   \
+                                    ::tensorflow::DT_BFLOAT16}),                     \
+      JointLatticeXla);                                                              \
+  REGISTER_KERNEL_BUILDER(                                                           \
+      Name("TfRnntJointLatticeGrad")                                                 \
+          .Device(DEVICE)                                                            \
+          .TypeConstraint("dtype", {::tensorflow::DT_FLOAT, ::tensorflow::DT_HALF,   \
+                                    ::tensorflow::DT_BFLOAT16}),                     \
       JointLatticeGradXla);
 
 TF_RNNT_XLA_KERNELS(::tensorflow::DEVICE_CPU_XLA_JIT)
@@ -367,13 +385,11 @@ ffi::Error check_lengths(const int32_t* logit, const int32_t* label, int64_t B, 
   for (int64_t b = 0; b < B; ++b) {
     if (logit && (logit[b] < 1 || logit[b] > T)) {
       return invalid("logit_lengths[" + std::to_string(b) + "] = " + std::to_string(logit[b]) +
-                     " must be in [1, " + std::to_string(T) +
-                     "] (T, the padded number of frames)");
+                     " must be in [1, " + std::to_string(T) + "] (T, the padded number of frames)");
     }
     if (label[b] < 0 || label[b] > U) {
       return invalid("label_lengths[" + std::to_string(b) + "] = " + std::to_string(label[b]) +
-                     " must be in [0, " + std::to_string(U) +
-                     "] (U, the padded number of labels)");
+                     " must be in [0, " + std::to_string(U) + "] (U, the padded number of labels)");
     }
   }
   return ffi::Error::Success();
@@ -384,8 +400,8 @@ ffi::Error check_labels(const int32_t* labels, const int32_t* lengths, int64_t B
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t u = 0; u < lengths[b]; ++u) {
       const int32_t y = labels[b * U + u];
-      const std::string at = "labels[" + std::to_string(b) + ", " + std::to_string(u) + "] = " +
-                             std::to_string(y);
+      const std::string at =
+          "labels[" + std::to_string(b) + ", " + std::to_string(u) + "] = " + std::to_string(y);
       if (y < 0 || y >= V) {
         return invalid(at + " must be in [0, " + std::to_string(V) + ") (V, the vocabulary size)");
       }
@@ -440,25 +456,28 @@ ParallelFor pool_parallel_for(ffi::ThreadPool* pool) {
   };
 }
 
-int64_t tile_nodes_for(const JointShape& shape, int64_t num_nodes, int64_t tile_attr,
-                       int64_t budget_attr, bool gpu) {
+int64_t tile_nodes_for(const JointShape& shape, const JointOptions& options, int64_t num_nodes,
+                       int64_t tile_attr, int64_t budget_attr, bool gpu) {
   if (num_nodes == 0) return 1;
   if (tile_attr > 0) return std::min(tile_attr, num_nodes);
-  const int64_t budget =
-      budget_attr > 0 ? budget_attr : gpu ? kDefaultGpuMemoryBudget : kDefaultCpuMemoryBudget;
+  const int64_t budget = budget_attr > 0 ? budget_attr
+                         : gpu           ? kDefaultGpuMemoryBudget
+                                         : kDefaultCpuMemoryBudget;
   auto bytes = [&](int64_t nodes) {
-    return static_cast<int64_t>(gpu ? joint_workspace_bytes_cuda(shape, nodes, true, false)
-                                    : joint_workspace_bytes_cpu(shape, nodes, true, false));
+    return static_cast<int64_t>(
+        gpu ? joint_workspace_bytes_cuda(shape, options, nodes, true, false)
+            : joint_workspace_bytes_cpu(shape, options, nodes, true, false));
   };
   const int64_t per_node = (bytes(2048) - bytes(1024)) / 1024;
   return std::max<int64_t>(1, std::min(num_nodes, budget / std::max<int64_t>(per_node, 1)));
 }
 
-// Shape of the joint from its buffers and attributes, with the lengths and labels checked.
-ffi::Error joint_shape(ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer kernel,
-                       int64_t blank, int64_t activation, int64_t allow_tf32,
-                       const int32_t* logit_lengths, const int32_t* label_lengths,
-                       const int32_t* labels, JointShape* s) {
+// Shape and options of the joint from its buffers and attributes, with the host lengths and
+// (when not null) the host labels checked.
+ffi::Error joint_config(ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer kernel,
+                        int64_t blank, int64_t activation, int64_t allow_tf32,
+                        const int32_t* logit_lengths, const int32_t* label_lengths,
+                        const int32_t* labels, JointShape* s, JointOptions* o) {
   const auto e = enc.dimensions();
   const auto p = pred.dimensions();
   const auto k = kernel.dimensions();
@@ -467,14 +486,45 @@ ffi::Error joint_shape(ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer k
   s->H = static_cast<int>(e[2]);
   s->U1 = static_cast<int>(p[1]);
   s->V = static_cast<int>(k[1]);
-  s->blank = static_cast<int>(blank);
-  s->activation = static_cast<int>(activation);
-  s->allow_tf32 = allow_tf32 != 0;
-  if (!core_dtype(enc.element_type(), &s->dtype)) return invalid("joint_lattice: unsupported dtype");
+  o->blank = static_cast<int>(blank);
+  o->activation = static_cast<Activation>(activation);
+  o->allow_tf32 = allow_tf32 != 0;
+  if (!core_dtype(enc.element_type(), &o->dtype)) {
+    return invalid("joint_lattice: unsupported dtype");
+  }
   ffi::Error err = check_lengths(logit_lengths, label_lengths, s->B, s->T, s->U1 - 1);
   if (err.failure()) return err;
   if (labels) return check_labels(labels, label_lengths, s->B, s->U1 - 1, s->V, blank);
   return ffi::Error::Success();
+}
+
+// The inputs both joint passes read, on the handler's device; in.host is left to the caller.
+JointInputs joint_inputs(ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer kernel,
+                         ffi::AnyBuffer bias, ffi::Buffer<ffi::S32> labels,
+                         ffi::Buffer<ffi::S32> logit_lengths, ffi::Buffer<ffi::S32> label_lengths) {
+  JointInputs in;
+  in.encoder = enc.untyped_data();
+  in.predictor = pred.untyped_data();
+  in.kernel = kernel.untyped_data();
+  in.bias = bias.untyped_data();
+  in.labels = labels.typed_data();
+  in.logit_lengths = logit_lengths.typed_data();
+  in.label_lengths = label_lengths.typed_data();
+  return in;
+}
+
+// The host plan of the packed nodes from host lengths; *offsets holds the node offsets it points
+// to. tile_nodes is left to the caller.
+HostPlan host_plan(const int32_t* logit_lengths, const int32_t* label_lengths, int B,
+                   std::vector<int64_t>* offsets) {
+  offsets->resize(B + 1);
+  joint_node_offsets(logit_lengths, label_lengths, B, offsets->data());
+  HostPlan host;
+  host.logit_lengths = logit_lengths;
+  host.label_lengths = label_lengths;
+  host.node_offsets = offsets->data();
+  host.num_nodes = (*offsets)[B];
+  return host;
 }
 
 ffi::Error out_of_memory(size_t bytes, int64_t tile) {
@@ -487,23 +537,24 @@ ffi::Error out_of_memory(size_t bytes, int64_t tile) {
 
 // ---- Host
 ffi::Error lattice_loss_host(ffi::Buffer<ffi::F32> lattice, ffi::Buffer<ffi::S32> logit_lengths,
-                             ffi::Buffer<ffi::S32> label_lengths,
-                             ffi::ResultBuffer<ffi::F32> costs, ffi::ResultBuffer<ffi::F32> grads,
-                             float fastemit_lambda, float clamp, ffi::ThreadPool pool) {
+                             ffi::Buffer<ffi::S32> label_lengths, ffi::ResultBuffer<ffi::F32> costs,
+                             ffi::ResultBuffer<ffi::F32> grads, float fastemit_lambda, float clamp,
+                             ffi::ThreadPool pool) {
   const auto d = lattice.dimensions();
   const int64_t B = d[0], T = d[1], U1 = d[2];
-  ffi::Error err = check_lengths(logit_lengths.typed_data(), label_lengths.typed_data(), B, T, U1 - 1);
+  ffi::Error err =
+      check_lengths(logit_lengths.typed_data(), label_lengths.typed_data(), B, T, U1 - 1);
   if (err.failure()) return err;
   if (B == 0) return ffi::Error::Success();
   std::vector<float> alphas(B * T * U1), betas(B * T * U1);
   LatticeLossOptions options;
   options.fastemit_lambda = fastemit_lambda;
   options.clamp = clamp;
-  return from_core(lattice_loss_cpu(lattice.typed_data(), logit_lengths.typed_data(),
-                                    label_lengths.typed_data(), B, T, U1, options,
-                                    costs->typed_data(), grads->typed_data(), alphas.data(),
-                                    betas.data(), pool_parallel_for(&pool)),
-                   "lattice_loss");
+  return from_core(
+      lattice_loss_cpu(lattice.typed_data(), logit_lengths.typed_data(), label_lengths.typed_data(),
+                       B, T, U1, options, costs->typed_data(), grads->typed_data(), alphas.data(),
+                       betas.data(), pool_parallel_for(&pool)),
+      "lattice_loss");
 }
 
 ffi::Error logits_to_lattice_host(ffi::AnyBuffer logits, ffi::Buffer<ffi::S32> labels,
@@ -514,17 +565,18 @@ ffi::Error logits_to_lattice_host(ffi::AnyBuffer logits, ffi::Buffer<ffi::S32> l
   const auto d = logits.dimensions();
   const int64_t B = d[0], T = d[1], U1 = d[2], V = d[3];
   DType dtype;
-  if (!core_dtype(logits.element_type(), &dtype)) return invalid("logits_to_lattice: unsupported dtype");
+  if (!core_dtype(logits.element_type(), &dtype))
+    return invalid("logits_to_lattice: unsupported dtype");
   if (validate) {
     ffi::Error err = check_lengths(nullptr, label_lengths.typed_data(), B, T, U1 - 1);
     if (err.failure()) return err;
     err = check_labels(labels.typed_data(), label_lengths.typed_data(), B, U1 - 1, V, blank);
     if (err.failure()) return err;
   }
-  return from_core(logits_to_lattice_cpu(logits.untyped_data(), dtype, labels.typed_data(), B, T,
-                                         U1, V, blank, lattice->typed_data(), lse->typed_data(),
-                                         pool_parallel_for(&pool)),
-                   "logits_to_lattice");
+  return from_core(
+      logits_to_lattice_cpu(logits.untyped_data(), dtype, labels.typed_data(), B, T, U1, V, blank,
+                            lattice->typed_data(), lse->typed_data(), pool_parallel_for(&pool)),
+      "logits_to_lattice");
 }
 
 ffi::Error logits_to_lattice_grad_host(ffi::AnyBuffer logits, ffi::Buffer<ffi::S32> labels,
@@ -533,23 +585,45 @@ ffi::Error logits_to_lattice_grad_host(ffi::AnyBuffer logits, ffi::Buffer<ffi::S
                                        ffi::ThreadPool pool) {
   const auto d = logits.dimensions();
   DType dtype;
-  if (!core_dtype(logits.element_type(), &dtype)) return invalid("logits_to_lattice: unsupported dtype");
-  return from_core(logits_to_lattice_grad_cpu(logits.untyped_data(), dtype, labels.typed_data(),
-                                              d[0], d[1], d[2], d[3], blank, lse.typed_data(),
-                                              d_lattice.typed_data(), d_logits->untyped_data(),
-                                              pool_parallel_for(&pool)),
-                   "logits_to_lattice gradient");
+  if (!core_dtype(logits.element_type(), &dtype))
+    return invalid("logits_to_lattice: unsupported dtype");
+  return from_core(
+      logits_to_lattice_grad_cpu(logits.untyped_data(), dtype, labels.typed_data(), d[0], d[1],
+                                 d[2], d[3], blank, lse.typed_data(), d_lattice.typed_data(),
+                                 d_logits->untyped_data(), pool_parallel_for(&pool)),
+      "logits_to_lattice gradient");
 }
 
-template <typename Args>
-void fill_joint_inputs(ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer kernel,
-                       ffi::AnyBuffer bias, const int32_t* labels, Args* a) {
-  a->encoder = enc.untyped_data();
-  a->predictor = pred.untyped_data();
-  a->kernel = kernel.untyped_data();
-  a->bias = bias.untyped_data();
-  a->labels = labels;
-}
+// Shape, options, checked lengths (and labels: forward), plan and uninitialized workspace of the
+// host joint.
+struct HostJointPlan {
+  JointShape shape;
+  JointOptions options;
+  std::vector<int64_t> offsets;
+  JointInputs in;
+  std::unique_ptr<char[]> workspace;
+
+  ffi::Error init(ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer kernel,
+                  ffi::AnyBuffer bias, ffi::Buffer<ffi::S32> labels,
+                  ffi::Buffer<ffi::S32> logit_lengths, ffi::Buffer<ffi::S32> label_lengths,
+                  int64_t blank, int64_t activation, int64_t tile_attr, int64_t budget_attr,
+                  int64_t allow_tf32, bool backward) {
+    // The backward pass needs no label check (the forward pass made it).
+    ffi::Error err = joint_config(enc, pred, kernel, blank, activation, allow_tf32,
+                                  logit_lengths.typed_data(), label_lengths.typed_data(),
+                                  backward ? nullptr : labels.typed_data(), &shape, &options);
+    if (err.failure()) return err;
+    in = joint_inputs(enc, pred, kernel, bias, labels, logit_lengths, label_lengths);
+    in.host = host_plan(in.logit_lengths, in.label_lengths, shape.B, &offsets);
+    in.host.tile_nodes =
+        tile_nodes_for(shape, options, in.host.num_nodes, tile_attr, budget_attr, false);
+    const size_t bytes = std::max<size_t>(
+        1, joint_workspace_bytes_cpu(shape, options, in.host.tile_nodes, backward, false));
+    workspace.reset(new (std::nothrow) char[bytes]);
+    if (!workspace) return out_of_memory(bytes, in.host.tile_nodes);
+    return ffi::Error::Success();
+  }
+};
 
 ffi::Error joint_lattice_host(ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer kernel,
                               ffi::AnyBuffer bias, ffi::Buffer<ffi::S32> labels,
@@ -558,83 +632,43 @@ ffi::Error joint_lattice_host(ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyB
                               ffi::ResultBuffer<ffi::F32> lattice, ffi::ResultBuffer<ffi::F32> lse,
                               int64_t blank, int64_t activation, int64_t tile_attr,
                               int64_t budget_attr, int64_t allow_tf32, ffi::ThreadPool pool) {
-  JointShape s;
-  ffi::Error err = joint_shape(enc, pred, kernel, blank, activation, allow_tf32,
-                               logit_lengths.typed_data(), label_lengths.typed_data(),
-                               labels.typed_data(), &s);
+  HostJointPlan plan;
+  ffi::Error err = plan.init(enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank,
+                             activation, tile_attr, budget_attr, allow_tf32, false);
   if (err.failure()) return err;
-  std::vector<int64_t> offsets(s.B + 1);
-  joint_node_offsets(logit_lengths.typed_data(), label_lengths.typed_data(), s.B, offsets.data());
-  JointForwardArgs a{};
-  fill_joint_inputs(enc, pred, kernel, bias, labels.typed_data(), &a);
-  a.logit_lengths = a.host_logit_lengths = logit_lengths.typed_data();
-  a.label_lengths = a.host_label_lengths = label_lengths.typed_data();
-  a.node_offsets = a.host_node_offsets = offsets.data();
-  a.num_nodes = offsets[s.B];
-  a.tile_nodes = tile_nodes_for(s, a.num_nodes, tile_attr, budget_attr, false);
-  const size_t bytes = std::max<size_t>(1, joint_workspace_bytes_cpu(s, a.tile_nodes, false, false));
-  std::unique_ptr<char[]> workspace(new (std::nothrow) char[bytes]);  // uninitialized
-  if (!workspace) return out_of_memory(bytes, a.tile_nodes);
-  a.workspace = workspace.get();
+  JointForwardArgs a;
+  a.in = plan.in;
+  a.workspace = plan.workspace.get();
   a.lattice = lattice->typed_data();
   a.lse = lse->typed_data();
-  return from_core(joint_forward_cpu(s, a, pool_parallel_for(&pool)), "joint_lattice");
+  return from_core(joint_forward_cpu(plan.shape, plan.options, a, pool_parallel_for(&pool)),
+                   "joint_lattice");
 }
 
 ffi::Error joint_lattice_grad_host(
     ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer kernel, ffi::AnyBuffer bias,
     ffi::Buffer<ffi::S32> labels, ffi::Buffer<ffi::S32> logit_lengths,
-    ffi::Buffer<ffi::S32> label_lengths, ffi::Buffer<ffi::F32> lse,
-    ffi::Buffer<ffi::F32> d_lattice, ffi::Result<ffi::AnyBuffer> d_enc,
-    ffi::Result<ffi::AnyBuffer> d_pred, ffi::Result<ffi::AnyBuffer> d_kernel,
-    ffi::Result<ffi::AnyBuffer> d_bias, int64_t blank, int64_t activation, int64_t tile_attr,
-    int64_t budget_attr, int64_t allow_tf32, ffi::ThreadPool pool) {
-  JointShape s;
-  ffi::Error err = joint_shape(enc, pred, kernel, blank, activation, allow_tf32,
-                               logit_lengths.typed_data(), label_lengths.typed_data(), nullptr, &s);
+    ffi::Buffer<ffi::S32> label_lengths, ffi::Buffer<ffi::F32> lse, ffi::Buffer<ffi::F32> d_lattice,
+    ffi::Result<ffi::AnyBuffer> d_enc, ffi::Result<ffi::AnyBuffer> d_pred,
+    ffi::Result<ffi::AnyBuffer> d_kernel, ffi::Result<ffi::AnyBuffer> d_bias, int64_t blank,
+    int64_t activation, int64_t tile_attr, int64_t budget_attr, int64_t allow_tf32,
+    ffi::ThreadPool pool) {
+  HostJointPlan plan;
+  ffi::Error err = plan.init(enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank,
+                             activation, tile_attr, budget_attr, allow_tf32, true);
   if (err.failure()) return err;
-  std::vector<int64_t> offsets(s.B + 1);
-  joint_node_offsets(logit_lengths.typed_data(), label_lengths.typed_data(), s.B, offsets.data());
-  JointBackwardArgs a{};
-  fill_joint_inputs(enc, pred, kernel, bias, labels.typed_data(), &a);
-  a.logit_lengths = a.host_logit_lengths = logit_lengths.typed_data();
-  a.label_lengths = a.host_label_lengths = label_lengths.typed_data();
-  a.node_offsets = a.host_node_offsets = offsets.data();
-  a.num_nodes = offsets[s.B];
-  a.tile_nodes = tile_nodes_for(s, a.num_nodes, tile_attr, budget_attr, false);
-  const size_t bytes = std::max<size_t>(1, joint_workspace_bytes_cpu(s, a.tile_nodes, true, false));
-  std::unique_ptr<char[]> workspace(new (std::nothrow) char[bytes]);  // uninitialized
-  if (!workspace) return out_of_memory(bytes, a.tile_nodes);
-  a.workspace = workspace.get();
+  JointBackwardArgs a;
+  a.in = plan.in;
+  a.workspace = plan.workspace.get();
   a.lse = lse.typed_data();
   a.d_lattice = d_lattice.typed_data();
-  // float32 accumulators: the results themselves for float32 inputs.
-  ffi::Result<ffi::AnyBuffer>* outs[4] = {&d_enc, &d_pred, &d_kernel, &d_bias};
-  const bool float_io = s.dtype == DType::kFloat32;
-  std::vector<float> acc[4];
-  float* acc_ptr[4];
-  for (int i = 0; i < 4; ++i) {
-    if (float_io) {
-      acc_ptr[i] = static_cast<float*>((*outs[i])->untyped_data());
-    } else {
-      acc[i].resize((*outs[i])->element_count());
-      acc_ptr[i] = acc[i].data();
-    }
-  }
-  a.d_encoder = acc_ptr[0];
-  a.d_predictor = acc_ptr[1];
-  a.d_kernel = acc_ptr[2];
-  a.d_bias = acc_ptr[3];
-  err = from_core(joint_backward_cpu(s, a, pool_parallel_for(&pool)), "joint_lattice gradient");
-  if (err.failure() || float_io) return err;
-  const bool half = s.dtype == DType::kFloat16;
-  for (int i = 0; i < 4; ++i) {
-    auto* bits = static_cast<uint16_t*>((*outs[i])->untyped_data());
-    for (size_t j = 0; j < acc[i].size(); ++j) {
-      bits[j] = half ? float_to_half_bits(acc[i][j]) : float_to_bf16_bits(acc[i][j]);
-    }
-  }
-  return ffi::Error::Success();
+  // The launcher writes the gradients in the input dtype.
+  a.d_encoder = d_enc->untyped_data();
+  a.d_predictor = d_pred->untyped_data();
+  a.d_kernel = d_kernel->untyped_data();
+  a.d_bias = d_bias->untyped_data();
+  return from_core(joint_backward_cpu(plan.shape, plan.options, a, pool_parallel_for(&pool)),
+                   "joint_lattice gradient");
 }
 
 XLA_FFI_DEFINE_HANDLER(kLatticeLossHost, lattice_loss_host,
@@ -669,20 +703,20 @@ XLA_FFI_DEFINE_HANDLER(kLogitsToLatticeGradHost, logits_to_lattice_grad_host,
                            .Attr<int64_t>("blank")
                            .Ctx<ffi::ThreadPool>());
 
-#define TF_RNNT_JOINT_FFI_ATTRS                  \
-  Attr<int64_t>("blank")                         \
-      .Attr<int64_t>("activation")               \
-      .Attr<int64_t>("tile_nodes")               \
-      .Attr<int64_t>("memory_budget")            \
+#define TF_RNNT_JOINT_FFI_ATTRS       \
+  Attr<int64_t>("blank")              \
+      .Attr<int64_t>("activation")    \
+      .Attr<int64_t>("tile_nodes")    \
+      .Attr<int64_t>("memory_budget") \
       .Attr<int64_t>("allow_tf32")
 
-#define TF_RNNT_JOINT_FFI_INPUTS     \
-  Arg<ffi::AnyBuffer>()              \
-      .Arg<ffi::AnyBuffer>()         \
-      .Arg<ffi::AnyBuffer>()         \
-      .Arg<ffi::AnyBuffer>()         \
-      .Arg<ffi::Buffer<ffi::S32>>()  \
-      .Arg<ffi::Buffer<ffi::S32>>()  \
+#define TF_RNNT_JOINT_FFI_INPUTS    \
+  Arg<ffi::AnyBuffer>()             \
+      .Arg<ffi::AnyBuffer>()        \
+      .Arg<ffi::AnyBuffer>()        \
+      .Arg<ffi::AnyBuffer>()        \
+      .Arg<ffi::Buffer<ffi::S32>>() \
+      .Arg<ffi::Buffer<ffi::S32>>() \
       .Arg<ffi::Buffer<ffi::S32>>()
 
 XLA_FFI_DEFINE_HANDLER(kJointLatticeHost, joint_lattice_host,
@@ -740,8 +774,7 @@ ffi::Error scratch(ffi::ScratchAllocator& alloc, size_t bytes, void** ptr, const
 }
 
 ffi::Error lattice_loss_cuda_ffi(CudaStream stream, ffi::ScratchAllocator alloc,
-                                 ffi::Buffer<ffi::F32> lattice,
-                                 ffi::Buffer<ffi::S32> logit_lengths,
+                                 ffi::Buffer<ffi::F32> lattice, ffi::Buffer<ffi::S32> logit_lengths,
                                  ffi::Buffer<ffi::S32> label_lengths,
                                  ffi::ResultBuffer<ffi::F32> costs,
                                  ffi::ResultBuffer<ffi::F32> grads, float fastemit_lambda,
@@ -762,11 +795,10 @@ ffi::Error lattice_loss_cuda_ffi(CudaStream stream, ffi::ScratchAllocator alloc,
   LatticeLossOptions options;
   options.fastemit_lambda = fastemit_lambda;
   options.clamp = clamp;
-  return from_core(lattice_loss_cuda(lattice.typed_data(), logit_lengths.typed_data(),
-                                     label_lengths.typed_data(), B, T, U1, options,
-                                     costs->typed_data(), grads->typed_data(),
-                                     static_cast<float*>(alphas), static_cast<float*>(betas),
-                                     stream),
+  return from_core(lattice_loss_cuda(
+                       lattice.typed_data(), logit_lengths.typed_data(), label_lengths.typed_data(),
+                       B, T, U1, options, costs->typed_data(), grads->typed_data(),
+                       static_cast<float*>(alphas), static_cast<float*>(betas), stream),
                    "lattice_loss");
 }
 
@@ -779,7 +811,8 @@ ffi::Error logits_to_lattice_cuda_ffi(CudaStream stream, ffi::AnyBuffer logits,
   const auto d = logits.dimensions();
   const int64_t B = d[0], T = d[1], U1 = d[2], V = d[3];
   DType dtype;
-  if (!core_dtype(logits.element_type(), &dtype)) return invalid("logits_to_lattice: unsupported dtype");
+  if (!core_dtype(logits.element_type(), &dtype))
+    return invalid("logits_to_lattice: unsupported dtype");
   if (validate) {
     std::vector<int32_t> lab, len;
     ffi::Error err = to_host({{label_lengths.typed_data(), static_cast<size_t>(B), &len},
@@ -791,10 +824,10 @@ ffi::Error logits_to_lattice_cuda_ffi(CudaStream stream, ffi::AnyBuffer logits,
     err = check_labels(lab.data(), len.data(), B, U1 - 1, V, blank);
     if (err.failure()) return err;
   }
-  return from_core(logits_to_lattice_cuda(logits.untyped_data(), dtype, labels.typed_data(), B, T,
-                                          U1, V, blank, lattice->typed_data(), lse->typed_data(),
-                                          stream),
-                   "logits_to_lattice");
+  return from_core(
+      logits_to_lattice_cuda(logits.untyped_data(), dtype, labels.typed_data(), B, T, U1, V, blank,
+                             lattice->typed_data(), lse->typed_data(), stream),
+      "logits_to_lattice");
 }
 
 ffi::Error logits_to_lattice_grad_cuda_ffi(CudaStream stream, ffi::AnyBuffer logits,
@@ -803,28 +836,30 @@ ffi::Error logits_to_lattice_grad_cuda_ffi(CudaStream stream, ffi::AnyBuffer log
                                            ffi::Result<ffi::AnyBuffer> d_logits, int64_t blank) {
   const auto d = logits.dimensions();
   DType dtype;
-  if (!core_dtype(logits.element_type(), &dtype)) return invalid("logits_to_lattice: unsupported dtype");
-  return from_core(logits_to_lattice_grad_cuda(logits.untyped_data(), dtype, labels.typed_data(),
-                                               d[0], d[1], d[2], d[3], blank, lse.typed_data(),
-                                               d_lattice.typed_data(), d_logits->untyped_data(),
-                                               stream),
-                   "logits_to_lattice gradient");
+  if (!core_dtype(logits.element_type(), &dtype))
+    return invalid("logits_to_lattice: unsupported dtype");
+  return from_core(
+      logits_to_lattice_grad_cuda(logits.untyped_data(), dtype, labels.typed_data(), d[0], d[1],
+                                  d[2], d[3], blank, lse.typed_data(), d_lattice.typed_data(),
+                                  d_logits->untyped_data(), stream),
+      "logits_to_lattice gradient");
 }
 
-// Host lengths (checked), host and device packed offsets, tile and workspace for the GPU joint.
+// Host lengths (checked), host plan, tile and workspace for the GPU joint (the launchers compute
+// the device node offsets in the workspace).
 struct GpuJointPlan {
   JointShape shape;
+  JointOptions options;
   std::vector<int32_t> logit, label;
   std::vector<int64_t> offsets;
-  int64_t tile = 1;
+  JointInputs in;
   void* workspace = nullptr;
-  int64_t* device_offsets = nullptr;
 
   ffi::Error init(CudaStream stream, ffi::ScratchAllocator& alloc, ffi::AnyBuffer enc,
-                  ffi::AnyBuffer pred, ffi::AnyBuffer kernel, ffi::Buffer<ffi::S32> labels,
-                  ffi::Buffer<ffi::S32> logit_lengths, ffi::Buffer<ffi::S32> label_lengths,
-                  int64_t blank, int64_t activation, int64_t tile_attr, int64_t budget_attr,
-                  int64_t allow_tf32, bool backward) {
+                  ffi::AnyBuffer pred, ffi::AnyBuffer kernel, ffi::AnyBuffer bias,
+                  ffi::Buffer<ffi::S32> labels, ffi::Buffer<ffi::S32> logit_lengths,
+                  ffi::Buffer<ffi::S32> label_lengths, int64_t blank, int64_t activation,
+                  int64_t tile_attr, int64_t budget_attr, int64_t allow_tf32, bool backward) {
     const int64_t B = enc.dimensions()[0], U = pred.dimensions()[1] - 1;
     const char* op = backward ? "joint_lattice gradient" : "joint_lattice";
     // The backward pass needs no labels on the host (the forward pass checked them).
@@ -839,72 +874,44 @@ struct GpuJointPlan {
                             {labels.typed_data(), b * static_cast<size_t>(U), &host_labels}},
                            stream, op);
     if (err.failure()) return err;
-    err = joint_shape(enc, pred, kernel, blank, activation, allow_tf32, logit.data(), label.data(),
-                      backward ? nullptr : host_labels.data(), &shape);
+    err = joint_config(enc, pred, kernel, blank, activation, allow_tf32, logit.data(), label.data(),
+                       backward ? nullptr : host_labels.data(), &shape, &options);
     if (err.failure()) return err;
-    offsets.resize(B + 1);
-    joint_node_offsets(logit.data(), label.data(), shape.B, offsets.data());
-    void* dev = nullptr;
-    if ((err = scratch(alloc, sizeof(int64_t) * (B + 1), &dev, "node offsets")).failure()) return err;
-    device_offsets = static_cast<int64_t*>(dev);
-    err = from_core(joint_node_offsets_cuda(logit_lengths.typed_data(), label_lengths.typed_data(),
-                                            shape.B, device_offsets, stream),
-                    op);
-    if (err.failure()) return err;
+    in = joint_inputs(enc, pred, kernel, bias, labels, logit_lengths, label_lengths);
+    in.host = host_plan(logit.data(), label.data(), shape.B, &offsets);
     // Halve the tile while the workspace cannot be allocated, down to 1024 nodes.
-    tile = tile_nodes_for(shape, offsets[B], tile_attr, budget_attr, true);
+    int64_t tile = tile_nodes_for(shape, options, in.host.num_nodes, tile_attr, budget_attr, true);
     for (;;) {
-      const size_t bytes = joint_workspace_bytes_cuda(shape, tile, backward, false);
+      const size_t bytes = joint_workspace_bytes_cuda(shape, options, tile, backward, false);
       auto p = alloc.Allocate(std::max<size_t>(bytes, 1), 256);
       if (p.has_value()) {
         workspace = *p;
+        in.host.tile_nodes = tile;
         return ffi::Error::Success();
       }
-      if (tile <= 1024) {
-        return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                          std::string("tf_rnnt.joint_lattice could not allocate its ") +
-                              std::to_string(bytes) + "-byte workspace (" + std::to_string(tile) +
-                              " lattice nodes per tile). Use a smaller tile_size or "
-                              "memory_budget, or a smaller batch.");
-      }
+      if (tile <= 1024) return out_of_memory(bytes, tile);
       tile /= 2;
     }
   }
-
-  template <typename Args>
-  void fill(Args* a, ffi::Buffer<ffi::S32> logit_lengths, ffi::Buffer<ffi::S32> label_lengths) {
-    a->logit_lengths = logit_lengths.typed_data();
-    a->label_lengths = label_lengths.typed_data();
-    a->node_offsets = device_offsets;
-    a->host_node_offsets = offsets.data();
-    a->host_logit_lengths = logit.data();
-    a->host_label_lengths = label.data();
-    a->num_nodes = offsets[shape.B];
-    a->tile_nodes = tile;
-    a->workspace = workspace;
-  }
 };
 
-ffi::Error joint_lattice_cuda_ffi(CudaStream stream, ffi::ScratchAllocator alloc,
-                                  ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer kernel,
-                                  ffi::AnyBuffer bias, ffi::Buffer<ffi::S32> labels,
-                                  ffi::Buffer<ffi::S32> logit_lengths,
-                                  ffi::Buffer<ffi::S32> label_lengths,
-                                  ffi::ResultBuffer<ffi::F32> lattice,
-                                  ffi::ResultBuffer<ffi::F32> lse, int64_t blank,
-                                  int64_t activation, int64_t tile_attr, int64_t budget_attr,
-                                  int64_t allow_tf32) {
+ffi::Error joint_lattice_cuda_ffi(
+    CudaStream stream, ffi::ScratchAllocator alloc, ffi::AnyBuffer enc, ffi::AnyBuffer pred,
+    ffi::AnyBuffer kernel, ffi::AnyBuffer bias, ffi::Buffer<ffi::S32> labels,
+    ffi::Buffer<ffi::S32> logit_lengths, ffi::Buffer<ffi::S32> label_lengths,
+    ffi::ResultBuffer<ffi::F32> lattice, ffi::ResultBuffer<ffi::F32> lse, int64_t blank,
+    int64_t activation, int64_t tile_attr, int64_t budget_attr, int64_t allow_tf32) {
   GpuJointPlan plan;
-  ffi::Error err = plan.init(stream, alloc, enc, pred, kernel, labels, logit_lengths,
-                             label_lengths, blank, activation, tile_attr, budget_attr, allow_tf32,
-                             false);
+  ffi::Error err =
+      plan.init(stream, alloc, enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank,
+                activation, tile_attr, budget_attr, allow_tf32, false);
   if (err.failure()) return err;
-  JointForwardArgs a{};
-  fill_joint_inputs(enc, pred, kernel, bias, labels.typed_data(), &a);
-  plan.fill(&a, logit_lengths, label_lengths);
+  JointForwardArgs a;
+  a.in = plan.in;
+  a.workspace = plan.workspace;
   a.lattice = lattice->typed_data();
   a.lse = lse->typed_data();
-  return from_core(joint_forward_cuda(plan.shape, a, stream), "joint_lattice");
+  return from_core(joint_forward_cuda(plan.shape, plan.options, a, stream), "joint_lattice");
 }
 
 ffi::Error joint_lattice_grad_cuda_ffi(
@@ -916,42 +923,22 @@ ffi::Error joint_lattice_grad_cuda_ffi(
     ffi::Result<ffi::AnyBuffer> d_bias, int64_t blank, int64_t activation, int64_t tile_attr,
     int64_t budget_attr, int64_t allow_tf32) {
   GpuJointPlan plan;
-  ffi::Error err = plan.init(stream, alloc, enc, pred, kernel, labels, logit_lengths,
-                             label_lengths, blank, activation, tile_attr, budget_attr, allow_tf32,
-                             true);
+  ffi::Error err =
+      plan.init(stream, alloc, enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank,
+                activation, tile_attr, budget_attr, allow_tf32, true);
   if (err.failure()) return err;
-  JointBackwardArgs a{};
-  fill_joint_inputs(enc, pred, kernel, bias, labels.typed_data(), &a);
-  plan.fill(&a, logit_lengths, label_lengths);
+  JointBackwardArgs a;
+  a.in = plan.in;
+  a.workspace = plan.workspace;
   a.lse = lse.typed_data();
   a.d_lattice = d_lattice.typed_data();
-  ffi::Result<ffi::AnyBuffer>* outs[4] = {&d_enc, &d_pred, &d_kernel, &d_bias};
-  const bool float_io = plan.shape.dtype == DType::kFloat32;
-  float* acc[4];
-  for (int i = 0; i < 4; ++i) {
-    if (float_io) {
-      acc[i] = static_cast<float*>((*outs[i])->untyped_data());
-    } else {
-      void* p = nullptr;
-      err = scratch(alloc, sizeof(float) * (*outs[i])->element_count(), &p,
-                    "joint_lattice gradient accumulators");
-      if (err.failure()) return err;
-      acc[i] = static_cast<float*>(p);
-    }
-  }
-  a.d_encoder = acc[0];
-  a.d_predictor = acc[1];
-  a.d_kernel = acc[2];
-  a.d_bias = acc[3];
-  err = from_core(joint_backward_cuda(plan.shape, a, stream), "joint_lattice gradient");
-  if (err.failure() || float_io) return err;
-  for (int i = 0; i < 4; ++i) {
-    err = from_core(cast_float_cuda(acc[i], (*outs[i])->untyped_data(), plan.shape.dtype,
-                                    (*outs[i])->element_count(), stream),
-                    "joint_lattice gradient");
-    if (err.failure()) return err;
-  }
-  return ffi::Error::Success();
+  // The launcher writes the gradients in the input dtype.
+  a.d_encoder = d_enc->untyped_data();
+  a.d_predictor = d_pred->untyped_data();
+  a.d_kernel = d_kernel->untyped_data();
+  a.d_bias = d_bias->untyped_data();
+  return from_core(joint_backward_cuda(plan.shape, plan.options, a, stream),
+                   "joint_lattice gradient");
 }
 
 #define TF_RNNT_CUDA_CTX Ctx<ffi::PlatformStream<CudaStream>>()
