@@ -7,8 +7,9 @@
 #               force, no TensorFlow in the process (built by build.py --tests where nvcc is
 #               found, else taken from build/tests/core_test as built elsewhere); cuBLAS from
 #               $TF_RNNT_CUBLAS, default the nvidia-cublas wheel's libcublas.so.*
-#   tests       the op, Keras, robustness, property and extreme-logits test files (their GPU
-#               variants run here; PYTEST_ARGS="-k gpu" keeps mostly those)
+#   tests       the test suite ($TEST_FILES, default tests/) with GPU memory growth, so that
+#               pytest-xdist workers share the GPU (PYTEST_ARGS="-n 8"; "-k gpu" keeps mostly the
+#               GPU variants)
 #   robustness  tests/gpu/robustness_gpu.py: long lattices, logits ~1e4 in half precision,
 #               concurrency, out-of-memory errors, determinism
 #   sanitize    compute-sanitizer memcheck, racecheck and initcheck on tests/gpu/sanitizer_case.py,
@@ -69,11 +70,8 @@ for step in "$@"; do
         gpu0 build/tests/core_test > "$OUT/core_test.log" 2>&1 || fail core
       grep -E "FAIL|^CPU:|^GPU:|PASSED" "$OUT/core_test.log" ;;
     tests)
-      gpu0 "$PYTHON" -m pytest -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} \
-        tests/test_rnnt_ops.py tests/test_joint_lattice.py tests/test_golden.py \
-        tests/test_keras.py tests/test_samplewise.py tests/test_robustness.py \
-        tests/test_properties.py tests/test_extreme_logits.py 2>&1 \
-        | tee "$OUT/pytest_gpu.log" | tail -25
+      TF_FORCE_GPU_ALLOW_GROWTH=true gpu0 "$PYTHON" -m pytest -q -rs -p no:cacheprovider \
+        ${PYTEST_ARGS:-} ${TEST_FILES:-tests} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -40
       [[ ${PIPESTATUS[0]} == 0 ]] || fail tests ;;
     robustness)
       gpu0 "$PYTHON" tests/gpu/robustness_gpu.py > "$OUT/robustness_gpu.log" 2>&1 || fail robustness
