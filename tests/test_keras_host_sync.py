@@ -87,6 +87,9 @@ def test_loss_op_takes_no_lattice_derived_host_input_nor_gate():
                         for t in op.inputs[1:] if t.op.type == "Const")
     for expected in ("without frames", "disagree", "differs from the blank"):
         assert expected in messages, expected
+    # The weights' gradients wait for them, so invalid data fails the step before any update.
+    grad_inputs = _value_ancestors(_one_op(graph, "TfRnntJointLatticeGrad"))
+    assert set(lattice_checks) <= grad_inputs
 
 
 @pytest.mark.parametrize("fastemit_lambda, clamp", [(0.0, -1.0), (0.5, 0.3)])

@@ -325,6 +325,26 @@ class RNNTJoint(keras.layers.Layer):
 # ----------------------------------------------------------------------------------------------
 # The losses.
 # ----------------------------------------------------------------------------------------------
+def _after_checks(tensor, checks):
+    """`tensor`, and in the backward pass its gradient, once `checks` (assert ops) have passed:
+    a failing check fails the step before any gradient reaches the weights."""
+    if not checks or tf.executing_eagerly():  # eager asserts have already run
+        return tensor
+
+    @tf.custom_gradient
+    def gated(x):
+        with tf.control_dependencies(checks):
+            y = tf.identity(x)
+
+        def grad(dy):
+            with tf.control_dependencies(checks):
+                return tf.identity(dy)
+
+        return y, grad
+
+    return gated(tensor)
+
+
 class _TransducerLoss(keras.losses.Loss):
     """Per-sample RNN-T costs from `call`; `keras.losses.Loss` applies sample_weight and the
     reduction.
@@ -424,9 +444,10 @@ class FlashRNNTLoss(_TransducerLoss):
         asserts += [check_u_plus_one(labels, lattice, 2, "y_pred", owner),
                     tf.debugging.assert_equal(tf.shape(lattice)[3], 2, message=(
                         f"{owner}: `y_pred` must be a [B, T, U+1, 2] lattice"))]
-        # The lengths come from the lattice, so the GPU computes them only after the joint:
-        # the checks of lattice values below run beside the loss op and gate only the costs
-        # it returns (a gate on the op would wait for a device-to-host copy mid-step).
+        # The lengths come from the lattice, so the device computes them only after the joint:
+        # the checks of lattice values below run beside the loss op and gate the costs and
+        # their gradient, not the op (which would then wait for a device-to-host copy while
+        # the device idles).
         logit_lengths, label_lengths = lattice_lengths(lattice)
         label_lengths = tf.maximum(label_lengths, 0)  # -1 for a sample without frames
         value_checks = [tf.debugging.assert_positive(logit_lengths, message=(
@@ -458,9 +479,7 @@ class FlashRNNTLoss(_TransducerLoss):
             costs = _ops()._lattice_loss(lattice, logit_lengths, label_lengths,
                                          self.fastemit_lambda, self.clamp, owner,
                                          lengths_validated=True)
-        costs = tf.where(logit_lengths > 0, costs, float("nan"))
-        with tf.control_dependencies(value_checks):
-            costs = tf.identity(costs)
+        costs = _after_checks(tf.where(logit_lengths > 0, costs, float("nan")), value_checks)
         return self._normalize(costs, label_lengths)
 
 
