@@ -123,9 +123,10 @@ def lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda=0.0, cla
 
 def _lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda, clamp, owner,
                   lengths_validated=False):
-    """`lattice_loss`; with `lengths_validated` the caller guarantees logit lengths in `[1, T]`
+    """`lattice_loss`; with `lengths_validated` the caller guarantees logit lengths in `[0, T]`
     and label lengths in `[0, U]`, and the op reads them on its device only (no host copy, so
-    lengths computed on the GPU late in a step do not stall it)."""
+    lengths computed on the GPU late in a step do not stall it). The caller must reject samples
+    with 0 frames: their cost is undefined (their gradient is 0)."""
     fastemit_lambda = contract.check_fastemit_lambda(fastemit_lambda, owner)
     clamp = contract.check_clamp(clamp, owner)
     lattice = contract.float_tensor(lattice, "lattice", owner)

@@ -64,9 +64,10 @@ REGISTER_OP("TfRnntLatticeLoss")
     })
     .Doc(R"doc(RNN-T costs of a [B, T, U+1, 2] log-probability lattice and d cost / d lattice.
 
-validate_lengths: when false the lengths were validated upstream (logit lengths in [1, T], label
-  lengths in [0, U]); the *_host inputs are then ignored (pass empty [0] tensors) and the kernels
-  read the lengths from the device inputs only, so no host copy is needed.
+validate_lengths: when false the caller guarantees logit lengths in [0, T] and label lengths in
+  [0, U]; the *_host inputs are then ignored (pass empty [0] tensors) and the kernels read the
+  lengths from the device inputs only, so no host copy is needed. A sample with 0 frames gets
+  an undefined cost (and a zero gradient) that the caller must reject.
 )doc");
 
 REGISTER_OP("TfRnntLogitsToLattice")
