@@ -325,6 +325,26 @@ class RNNTJoint(keras.layers.Layer):
 # ----------------------------------------------------------------------------------------------
 # The losses.
 # ----------------------------------------------------------------------------------------------
+def _after_checks(tensor, checks):
+    """`tensor`, and in the backward pass its gradient, once `checks` (assert ops) have passed:
+    a failing check fails the step before any gradient reaches the weights."""
+    if not checks or tf.executing_eagerly():  # eager asserts have already run
+        return tensor
+
+    @tf.custom_gradient
+    def gated(x):
+        with tf.control_dependencies(checks):
+            y = tf.identity(x)
+
+        def grad(dy):
+            with tf.control_dependencies(checks):
+                return tf.identity(dy)
+
+        return y, grad
+
+    return gated(tensor)
+
+
 class _TransducerLoss(keras.losses.Loss):
     """Per-sample RNN-T costs from `call`; `keras.losses.Loss` applies sample_weight and the
     reduction.
@@ -424,11 +444,19 @@ class FlashRNNTLoss(_TransducerLoss):
         asserts += [check_u_plus_one(labels, lattice, 2, "y_pred", owner),
                     tf.debugging.assert_equal(tf.shape(lattice)[3], 2, message=(
                         f"{owner}: `y_pred` must be a [B, T, U+1, 2] lattice"))]
+        # The lengths come from the lattice, so the device computes them only after the joint:
+        # the checks of lattice values below run beside the loss op and gate the costs and
+        # their gradient, not the op (which would then wait for a device-to-host copy while
+        # the device idles).
         logit_lengths, label_lengths = lattice_lengths(lattice)
         label_lengths = tf.maximum(label_lengths, 0)  # -1 for a sample without frames
+        value_checks = [tf.debugging.assert_positive(logit_lengths, message=(
+            f"{owner}: `y_pred` marks a sample without frames (logit_lengths must be in "
+            f"[1, T]); RNNTJoint never does (mark a hand-made lattice with "
+            f"tf_rnnt.keras.mark_lattice_padding and logit_lengths >= 1)"))]
         if self.pad_value is not None:
             padded = tf.reduce_sum(tf.cast(tf.not_equal(labels, self.pad_value), tf.int32), 1)
-            asserts.append(tf.debugging.assert_equal(
+            value_checks.append(tf.debugging.assert_equal(
                 tf.where(logit_lengths > 0, label_lengths, padded), padded, message=(
                     f"{owner}: the label lengths of `y_true` padded with FlashRNNTLoss(pad_value="
                     f"{self.pad_value}) disagree with those marked in `y_pred` by RNNTJoint, "
@@ -442,12 +470,16 @@ class FlashRNNTLoss(_TransducerLoss):
             message = (f"{owner}: FlashRNNTLoss(blank={self.blank}) differs from the blank of "
                        f"the RNNTJoint that built `y_pred`. Set blank and pad_value once, on "
                        f"RNNTJoint, and compile with joint.loss(). RNNTJoint blank id:")
-            asserts.append(tf.debugging.Assert(tf.reduce_all(layer_blank == self.blank), [
+            value_checks.append(tf.debugging.Assert(tf.reduce_all(layer_blank == self.blank), [
                 message, tf.reduce_max(tf.where(layer_blank == self.blank, -1, layer_blank))]))
         with tf.control_dependencies(asserts):
             lattice = tf.where(lattice > _PAD_THRESHOLD, tf.zeros_like(lattice), lattice)
-            costs = _ops().lattice_loss(lattice, logit_lengths, label_lengths,
-                                        fastemit_lambda=self.fastemit_lambda, clamp=self.clamp)
+            # Marked lengths lie in [0, T] and [0, U]; the op needs no host copy of them. A
+            # sample without frames (rejected by value_checks) gets a NaN cost, zero gradient.
+            costs = _ops()._lattice_loss(lattice, logit_lengths, label_lengths,
+                                         self.fastemit_lambda, self.clamp, owner,
+                                         lengths_validated=True)
+        costs = _after_checks(tf.where(logit_lengths > 0, costs, float("nan")), value_checks)
         return self._normalize(costs, label_lengths)
 
 

@@ -121,7 +121,12 @@ def lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda=0.0, cla
                          "tf_rnnt.lattice_loss")
 
 
-def _lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda, clamp, owner):
+def _lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda, clamp, owner,
+                  lengths_validated=False):
+    """`lattice_loss`; with `lengths_validated` the caller guarantees logit lengths in `[0, T]`
+    and label lengths in `[0, U]`, and the op reads them on its device only (no host copy, so
+    lengths computed on the GPU late in a step do not stall it). The caller must reject samples
+    with 0 frames: their cost is undefined (their gradient is 0)."""
     fastemit_lambda = contract.check_fastemit_lambda(fastemit_lambda, owner)
     clamp = contract.check_clamp(clamp, owner)
     lattice = contract.float_tensor(lattice, "lattice", owner)
@@ -138,9 +143,13 @@ def _lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda, clamp,
                      "Lengths are not validated there."):
         return _reference.lattice_loss(lattice, logit_lengths, label_lengths,
                                        float(fastemit_lambda), float(clamp))
+    if lengths_validated:
+        logit_lengths_host = label_lengths_host = tf.zeros([0], tf.int32)
+    else:
+        logit_lengths_host, label_lengths_host = logit_lengths, label_lengths
     costs, _ = _lib().tf_rnnt_lattice_loss(
-        lattice, logit_lengths, label_lengths, logit_lengths, label_lengths,
-        fastemit_lambda=fastemit_lambda, clamp=clamp)
+        lattice, logit_lengths, label_lengths, logit_lengths_host, label_lengths_host,
+        fastemit_lambda=fastemit_lambda, clamp=clamp, validate_lengths=not lengths_validated)
     return costs
 
 

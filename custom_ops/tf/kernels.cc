@@ -213,6 +213,7 @@ class LatticeLossOp : public OpKernel {
   explicit LatticeLossOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("fastemit_lambda", &options_.fastemit_lambda));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("clamp", &options_.clamp));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("validate_lengths", &validate_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -222,9 +223,23 @@ class LatticeLossOp : public OpKernel {
                 InvalidArgument("lattice must have shape [B, T, U+1, 2], got ",
                                 lattice.shape().DebugString()));
     const int64_t B = lattice.dim_size(0), T = lattice.dim_size(1), U1 = lattice.dim_size(2);
-    if (!validate_lengths(ctx, ctx->input(kLogitLengthsHost), ctx->input(kLabelLengthsHost), B, T,
-                          U1)) {
-      return;
+    if (validate_) {
+      if (!validate_lengths(ctx, ctx->input(kLogitLengthsHost), ctx->input(kLabelLengthsHost), B,
+                            T, U1)) {
+        return;
+      }
+    } else {
+      // Validated upstream: only the shapes (host metadata) are checked here. Lengths in
+      // [0, T] and [0, U] keep every read in bounds once T, U+1 >= 1.
+      OP_REQUIRES(ctx, B == 0 || (T >= 1 && U1 >= 1),
+                  InvalidArgument("lattice must have T >= 1 and U+1 >= 1, got ",
+                                  lattice.shape().DebugString()));
+      for (int i : {kLogitLengths, kLabelLengths}) {
+        OP_REQUIRES(ctx, ctx->input(i).dims() == 1 && ctx->input(i).dim_size(0) == B,
+                    InvalidArgument(i == kLogitLengths ? "logit_lengths" : "label_lengths",
+                                    " must have shape [", B, "] (the batch size), got ",
+                                    ctx->input(i).shape().DebugString()));
+      }
     }
     Tensor* costs = nullptr;
     Tensor* grads = nullptr;
@@ -237,9 +252,15 @@ class LatticeLossOp : public OpKernel {
     OP_REQUIRES_OK(ctx,
                    ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({B, T, U1}), &betas));
     const CoreFunctor<Device> core(ctx);
+    // Unvalidated lengths are read from the device inputs only (host memory on the CPU).
+    const int32_t* logit_lengths = validate_
+                                       ? core.lengths(ctx, kLogitLengths, kLogitLengthsHost)
+                                       : ctx->input(kLogitLengths).flat<int32_t>().data();
+    const int32_t* label_lengths = validate_
+                                       ? core.lengths(ctx, kLabelLengths, kLabelLengthsHost)
+                                       : ctx->input(kLabelLengths).flat<int32_t>().data();
     const Status s = core.lattice_loss(
-        lattice.flat<float>().data(), core.lengths(ctx, kLogitLengths, kLogitLengthsHost),
-        core.lengths(ctx, kLabelLengths, kLabelLengthsHost), B, T, U1, options_,
+        lattice.flat<float>().data(), logit_lengths, label_lengths, B, T, U1, options_,
         costs->flat<float>().data(), grads->flat<float>().data(), alphas.flat<float>().data(),
         betas.flat<float>().data());
     OP_REQUIRES_OK(ctx, to_tf_status(s, "lattice_loss"));
@@ -247,6 +268,7 @@ class LatticeLossOp : public OpKernel {
 
  private:
   LatticeLossOptions options_;
+  bool validate_ = true;
 };
 
 // ------------------------------------------------------------------ logits -> lattice

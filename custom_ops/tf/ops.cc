@@ -39,14 +39,21 @@ REGISTER_OP("TfRnntLatticeLoss")
     .Input("label_lengths_host: int32")
     .Attr("fastemit_lambda: float = 0.0")
     .Attr("clamp: float = -1.0")
+    .Attr("validate_lengths: bool = true")
     .Output("costs: float")
     .Output("grads: float")
     .SetShapeFn([](InferenceContext* c) {
       using namespace lattice_loss_in;  // NOLINT: the input names
+      bool validate = true;
+      TF_RETURN_IF_ERROR(c->GetAttr("validate_lengths", &validate));
       DimensionHandle batch;
-      TF_RETURN_IF_ERROR(
-          batch_dim(c, kLattice, 4,
-                    {kLogitLengths, kLabelLengths, kLogitLengthsHost, kLabelLengthsHost}, &batch));
+      if (validate) {
+        TF_RETURN_IF_ERROR(batch_dim(
+            c, kLattice, 4, {kLogitLengths, kLabelLengths, kLogitLengthsHost, kLabelLengthsHost},
+            &batch));
+      } else {
+        TF_RETURN_IF_ERROR(batch_dim(c, kLattice, 4, {kLogitLengths, kLabelLengths}, &batch));
+      }
       ShapeHandle lattice;
       DimensionHandle two;
       TF_RETURN_IF_ERROR(c->WithValue(c->Dim(c->input(kLattice), 3), 2, &two));
@@ -55,7 +62,13 @@ REGISTER_OP("TfRnntLatticeLoss")
       c->set_output(1, lattice);
       return Status();
     })
-    .Doc("RNN-T costs of a [B, T, U+1, 2] log-probability lattice and d cost / d lattice.");
+    .Doc(R"doc(RNN-T costs of a [B, T, U+1, 2] log-probability lattice and d cost / d lattice.
+
+validate_lengths: when false the caller guarantees logit lengths in [0, T] and label lengths in
+  [0, U]; the *_host inputs are then ignored (pass empty [0] tensors) and the kernels read the
+  lengths from the device inputs only, so no host copy is needed. A sample with 0 frames gets
+  an undefined cost (and a zero gradient) that the caller must reject.
+)doc");
 
 REGISTER_OP("TfRnntLogitsToLattice")
     .Input("logits: dtype")
