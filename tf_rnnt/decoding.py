@@ -124,16 +124,20 @@ def greedy_search(encoder_out, encoder_lengths, state, joint_fn, predictor_step,
             out, pred_state = predictor_step(tf.where(emit, token, blank),
                                              state["predictor_state"])
             new = {"predictor_out": out, "predictor_state": pred_state}
-            return s + 1, emit, _select(emit, new, state), frame_tokens
+            return (s + 1, emit, _keep_shapes(_select(emit, new, state), state),
+                    _keep_shapes(frame_tokens, columns_init))
 
-        frame_tokens = tf.fill([batch, symbols], NO_TOKEN)
+        frame_tokens = columns_init
         _, _, state, frame_tokens = tf.while_loop(
             lambda s, active, *_: (s < symbols) & tf.reduce_any(active), symbol_body,
             (tf.constant(0), t < encoder_lengths, state, frame_tokens))
         at_t = tf.equal(tf.range(num_frames), t)[None, :, None]
-        return t + 1, state, tf.where(at_t, frame_tokens[:, None, :], tokens)
+        return t + 1, state, _keep_shapes(tf.where(at_t, frame_tokens[:, None, :], tokens), tokens)
 
+    columns_init = tf.fill([batch, symbols], NO_TOKEN)
+    columns_init.set_shape([encoder_out.shape[0], symbols])
     tokens = tf.fill([batch, num_frames, symbols], NO_TOKEN)
+    tokens.set_shape([encoder_out.shape[0], encoder_out.shape[1], symbols])
     _, state, tokens = tf.while_loop(lambda t, *_: t < num_frames, frame_body,
                                      (tf.constant(0), state, tokens))
     return tf.reshape(tokens, [batch, num_frames * symbols]), state
@@ -169,6 +173,17 @@ def beam_initial_state(predictor_step, predictor_state, beam_size, blank=0):
             "lengths": tf.zeros([batch, beam_size], tf.int32),
             "predictor_out": tile(start["predictor_out"]),
             "predictor_state": tf.nest.map_structure(tile, start["predictor_state"])}
+
+
+def _keep_shapes(new, old):
+    """`new` with the static shapes of `old` (loop variables keep their shapes: where and
+    gather with tensor shapes can forget them, and a static shape must stay static for TFLite)."""
+
+    def restore(n, o):
+        n.set_shape(n.shape.merge_with(o.shape))
+        return n
+
+    return tf.nest.map_structure(restore, new, old)
 
 
 def _fold(x):  # [B, K, ...] -> [B * K, ...]
@@ -270,7 +285,7 @@ def beam_search(encoder_out, encoder_lengths, state, joint_fn, predictor_step, b
                                                                     tf.int32)], 0)), new, old),
             stepped, gathered)
         new = dict(gathered, scores=best, tokens=new_tokens, lengths=new_lengths)
-        return t + 1, _select(t < encoder_lengths, new, state)
+        return t + 1, _keep_shapes(_select(t < encoder_lengths, new, state), state)
 
     _, state = tf.while_loop(lambda t, _: t < num_frames, frame_body, (tf.constant(0), state))
     return dict(state, tokens=state["tokens"][:, :, :tf.reduce_max(
