@@ -174,13 +174,27 @@ def test_log_mel_matches_numpy(config):
     np.testing.assert_allclose(features[strong], expected[strong], atol=2e-3)
 
 
-def test_feature_statistics_match_numpy(core_backend):
+def test_adapted_feature_normalization_matches_numpy(core_backend):
+    # The encoder's Normalization layer, adapted on the feature dataset, holds the float64
+    # per-bin mean and variance of all frames of the utterances.
+    import keras
+    from model import StreamingEncoder
+
     paths, texts = pipeline.read_manifest(os.path.join(DATA, "test.tsv"))
     subset = (paths[:4], texts[:4])
-    mean, std = pipeline.feature_statistics(subset)
+    encoder = StreamingEncoder(conv_channels=4, encoder_dim=8, encoder_layers=1)
+    encoder.build((None, None, 40))
+    encoder.adapt_features(pipeline.feature_dataset(subset))
     feats = np.concatenate([pipeline.log_mel(pipeline.load_audio(p)).numpy() for p in paths[:4]])
-    np.testing.assert_allclose(mean, feats.astype(np.float64).mean(0), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(std, feats.astype(np.float64).std(0), rtol=1e-4, atol=1e-5)
+    norm = encoder.feature_norm
+    np.testing.assert_allclose(np.asarray(norm.adapt_mean), feats.astype(np.float64).mean(0),
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(norm.adapt_variance), feats.astype(np.float64).var(0),
+                               rtol=1e-3, atol=1e-4)
+    x = feats[None, :50]
+    np.testing.assert_allclose(norm(x).numpy()[0], (feats[:50] - feats.mean(0)) /
+                               np.sqrt(feats.var(0)), rtol=1e-3, atol=1e-3)
+    assert isinstance(norm, keras.layers.Normalization)
 
 
 # ------------------------------------------------------------------------------ SpecAugment

@@ -408,19 +408,10 @@ def make_dataset(manifest, batch_size=32, training=False, feature_config=Feature
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
-def feature_statistics(manifest, feature_config=FeatureConfig()):
-    """Per-bin mean and standard deviation of the (unaugmented) log-mel features."""
+def feature_dataset(manifest, feature_config=FeatureConfig()):
+    """The (unaugmented) log-mel features of a manifest's utterances, one `[1, T, F]` batch
+    each: what `keras.layers.Normalization.adapt` takes for per-bin statistics."""
     paths, _ = read_manifest(manifest) if isinstance(manifest, str) else manifest
-    ds = tf.data.Dataset.from_tensor_slices(list(paths)).map(
-        lambda p: log_mel(load_audio(p), feature_config), num_parallel_calls=tf.data.AUTOTUNE)
-    total = np.zeros(feature_config.num_mel_bins)
-    total_sq = np.zeros(feature_config.num_mel_bins)
-    count = 0
-    for feats in ds:
-        feats = feats.numpy().astype(np.float64)
-        total += feats.sum(0)
-        total_sq += (feats ** 2).sum(0)
-        count += feats.shape[0]
-    mean = total / count
-    std = np.sqrt(np.maximum(total_sq / count - mean ** 2, 1e-8))
-    return mean.astype(np.float32), std.astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices(list(paths)).map(
+        lambda p: log_mel(load_audio(p), feature_config)[None],
+        num_parallel_calls=tf.data.AUTOTUNE)
