@@ -278,6 +278,35 @@ def test_committed_manifests():
     assert not set(test_texts) & set(train_texts)
 
 
+def test_fsdd_digit_strings(tmp_path):
+    # The committed FSDD subset: the held-out speaker's words only in the test strings; the
+    # strings are the words joined (every word's samples occur in the string, up to gain and
+    # noise), and the same seed gives the same files.
+    import fsdd
+
+    recordings = sorted(os.listdir(fsdd.RECORDINGS))
+    speakers = {name.split("_")[1] for name in recordings}
+    assert speakers == set(fsdd.TRAIN_SPEAKERS) | {fsdd.TEST_SPEAKER}
+    assert len(recordings) == 10 * (4 * len(fsdd.TRAIN_TAKES) + len(fsdd.TEST_TAKES))
+    first = fsdd.make_digit_strings(str(tmp_path / "a"), num_train=6, num_test=3, seed=1)
+    second = fsdd.make_digit_strings(str(tmp_path / "b"), num_train=6, num_test=3, seed=1)
+    for manifest_a, manifest_b, split in zip(first, second, ("train", "test")):
+        paths_a, texts_a = pipeline.read_manifest(manifest_a)
+        paths_b, texts_b = pipeline.read_manifest(manifest_b)
+        assert texts_a == texts_b
+        for pa, pb in zip(paths_a, paths_b):
+            assert open(pa, "rb").read() == open(pb, "rb").read()
+        with open(manifest_a) as f:
+            rows = [line.rstrip("\n").split("\t") for line in f][1:]
+        for (_, text, speaker, _), path in zip(rows, paths_a):
+            assert (speaker == fsdd.TEST_SPEAKER) == (split == "test")
+            words = text.split()
+            assert set(words) <= set(fsdd.DIGITS)
+            assert (3 if split == "test" else 1) <= len(words) <= 6
+            samples, rate = _wav_num_samples(path)
+            assert rate == fsdd.SAMPLE_RATE and samples > 0.2 * rate * len(words)
+
+
 def test_eval_dataset_batches(backend):
     manifest = os.path.join(DATA, "test.tsv")
     paths, texts = pipeline.read_manifest(manifest)
