@@ -1,4 +1,4 @@
-"""Real human speech for the speech example: digit strings made from Free Spoken Digit Dataset words.
+"""Human speech for the speech example: digit strings made from Free Spoken Digit Dataset words.
 
 The committed words (`data/fsdd/recordings`, a subset of FSDD, CC BY-SA 4.0, see
 `data/fsdd/README.md`) are single English digit words by five speakers. This module joins them
