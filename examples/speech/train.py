@@ -41,18 +41,25 @@ from model import LARGE, ModelConfig, build_model, output_lengths, parts  # noqa
 DEFAULT_DATA = os.path.join(_HERE, "data")
 
 
-def make_evaluator(model, max_symbols=5):
+def make_evaluator(model, max_symbols=5, beam_size=0):
+    """`evaluate(dataset) -> (WER, references, hypotheses)`: greedy search, or modified beam
+    search when `beam_size` > 0."""
     encoder, predictor, joint = parts(model)
-
     joint_fn = decoding.joint_fn_from_layer(joint)
 
     @tf.function(reduce_retracing=True)
     def decode_batch(features, feature_lengths):
         frames = encoder([features, feature_lengths], training=False)
-        state = decoding.greedy_initial_state(
-            predictor.step, predictor.initial_state(tf.shape(features)[0]), pipeline.BLANK)
-        tokens, _ = decoding.greedy_search(frames, output_lengths(feature_lengths), state,
-                                           joint_fn, predictor.step, max_symbols, pipeline.BLANK)
+        lengths = output_lengths(feature_lengths)
+        start = predictor.initial_state(tf.shape(features)[0])
+        if beam_size:
+            state = decoding.beam_initial_state(predictor.step, start, beam_size, pipeline.BLANK)
+            state = decoding.beam_search(frames, lengths, state, joint_fn, predictor.step,
+                                         pipeline.BLANK)
+            return decoding.best_hypothesis(state)[0]
+        state = decoding.greedy_initial_state(predictor.step, start, pipeline.BLANK)
+        tokens, _ = decoding.greedy_search(frames, lengths, state, joint_fn, predictor.step,
+                                           max_symbols, pipeline.BLANK)
         return tokens
 
     def evaluate(dataset):
@@ -137,6 +144,8 @@ def parse_args(argv):
     p.add_argument("--augment", choices=("full", "spec", "audio", "none"), default="full",
                    help="training augmentation: audio (speed, gain, noise), SpecAugment, both")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--beam-size", type=int, default=0,
+                   help="also score the final model with modified beam search of this width")
     p.add_argument("--no-export", action="store_true")
     p.add_argument("--tflite", action="store_true",
                    help="also write the TFLite streaming step (streaming_step.tflite)")
@@ -234,6 +243,13 @@ def main(argv=None):
         print(f"held-out WER ({name}): {wer:.2%} on {len(refs)} utterances")
         for r, h in list(zip(refs, hyps))[:3]:
             print(f"  ref: {r}\n  hyp: {h}")
+    if args.beam_size:
+        results["wer_beam"] = {}
+        evaluate_beam = make_evaluator(model, beam_size=args.beam_size)
+        for name, dataset in test_ds.items():
+            wer, _, _ = evaluate_beam(dataset)
+            results["wer_beam"][name] = wer
+            print(f"held-out WER ({name}), beam search of {args.beam_size}: {wer:.2%}")
     print(f"training took {train_seconds:.0f} s ({results['train_cpu_seconds']:.0f} s CPU)")
     if not args.no_export:
         import export
