@@ -144,6 +144,8 @@ def parse_args(argv):
     p.add_argument("--augment", choices=("full", "spec", "audio", "none"), default="full",
                    help="training augmentation: audio (speed, gain, noise), SpecAugment, both")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-symbols", type=int, default=5,
+                   help="greedy search: labels per encoder frame at most")
     p.add_argument("--beam-size", type=int, default=0,
                    help="also score the final model with modified beam search of this width")
     p.add_argument("--no-export", action="store_true")
@@ -211,7 +213,7 @@ def main(argv=None):
                       for name, m in test_manifests.items()))
     model.summary()
 
-    evaluate = make_evaluator(model)
+    evaluate = make_evaluator(model, args.max_symbols)
     callbacks = [
         WERCallback(evaluate, test_ds, args.eval_every, args.epochs),  # first: the
         # callbacks after it see its val_wer_* logs
