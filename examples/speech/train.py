@@ -41,9 +41,9 @@ from model import LARGE, ModelConfig, build_model, output_lengths, parts  # noqa
 DEFAULT_DATA = os.path.join(_HERE, "data")
 
 
-def make_evaluator(model, max_symbols=5, beam_size=0):
+def make_evaluator(model, max_symbols=5, beam_size=0, tokenizer=pipeline.CHARACTERS):
     """`evaluate(dataset) -> (WER, references, hypotheses)`: greedy search, or modified beam
-    search when `beam_size` > 0."""
+    search when `beam_size` > 0; `tokenizer` turns the ids into text."""
     encoder, predictor, joint = parts(model)
     joint_fn = decoding.joint_fn_from_layer(joint)
 
@@ -66,8 +66,8 @@ def make_evaluator(model, max_symbols=5, beam_size=0):
         references, hypotheses = [], []
         for inputs, labels in dataset:
             tokens = decode_batch(inputs["features"], inputs["feature_lengths"])
-            hypotheses += [pipeline.decode_ids(t) for t in tokens.numpy()]
-            references += [pipeline.decode_ids(row) for row in labels.numpy()]
+            hypotheses += [tokenizer.decode(t) for t in tokens.numpy()]
+            references += [tokenizer.decode(row) for row in labels.numpy()]
         return word_error_rate(references, hypotheses), references, hypotheses
 
     return evaluate
@@ -140,6 +140,9 @@ def parse_args(argv):
                    help="stop after the epoch that passes this many minutes")
     p.add_argument("--large", action="store_true", help="larger model and batches (GPU)")
     p.add_argument("--predictor", choices=("stateless", "lstm"), default="stateless")
+    p.add_argument("--tokens", choices=tuple(pipeline.TOKENIZERS), default="words",
+                   help="label units: whole words (the digit words and the commands' words) or "
+                   "characters")
     p.add_argument("--fastemit-lambda", type=float, default=0.0)
     p.add_argument("--augment", choices=("full", "spec", "audio", "none"), default="full",
                    help="training augmentation: audio (speed, gain, noise), SpecAugment, both")
@@ -155,7 +158,7 @@ def parse_args(argv):
                    help="load these weights (a final.weights.h5), evaluate and export; no training")
     p.add_argument("--audio-backend", choices=("auto", "tfio", "core"), default="auto")
     args = p.parse_args(argv)
-    defaults = dict(epochs=12, batch_size=32, learning_rate=1e-3, eval_every=4, human_train=1600)
+    defaults = dict(epochs=18, batch_size=32, learning_rate=1e-3, eval_every=3, human_train=1600)
     if args.large:
         defaults = dict(epochs=60, batch_size=64, learning_rate=5e-4, eval_every=10,
                         human_train=8000)
@@ -183,7 +186,8 @@ def main(argv=None):
     train_manifest = (synthetic[0] + human[0], synthetic[1] + human[1])
     test_manifests = {"synthetic": os.path.join(args.data, "test.tsv"), "human": human_test}
 
-    config = ModelConfig(vocab_size=pipeline.VOCAB_SIZE, predictor=args.predictor,
+    tokenizer = pipeline.TOKENIZERS[args.tokens]
+    config = ModelConfig(vocab_size=tokenizer.size, predictor=args.predictor,
                          fastemit_lambda=args.fastemit_lambda, **(LARGE if args.large else {}))
     augment = pipeline.AugmentConfig()
     if args.augment in ("spec", "none"):
@@ -192,7 +196,7 @@ def main(argv=None):
     if args.augment in ("audio", "none"):
         augment = dataclasses.replace(augment, num_freq_masks=0, num_time_masks=0)
     train_ds = pipeline.make_dataset(train_manifest, args.batch_size, training=True,
-                                     augment_config=augment, seed=args.seed)
+                                     augment_config=augment, seed=args.seed, tokenizer=tokenizer)
     steps_per_epoch = 1 if args.evaluate_only else sum(1 for _ in train_ds)
     model = build_model(config, args.learning_rate, steps=args.epochs * steps_per_epoch)
     encoder = parts(model)[0]
@@ -204,8 +208,10 @@ def main(argv=None):
     # SpecAugment fills masks with the training features' mean (0 after normalization).
     train_ds = pipeline.make_dataset(
         train_manifest, args.batch_size, training=True, augment_config=augment,
-        mask_value=np.asarray(encoder.feature_norm.adapt_mean), seed=args.seed)
-    test_ds = {name: pipeline.make_dataset(m, args.batch_size, training=False)
+        mask_value=np.asarray(encoder.feature_norm.adapt_mean), seed=args.seed,
+        tokenizer=tokenizer)
+    test_ds = {name: pipeline.make_dataset(m, args.batch_size, training=False,
+                                           tokenizer=tokenizer)
                for name, m in test_manifests.items()}
     print(f"{len(train_manifest[0])} training utterances ({len(synthetic[0])} synthesized, "
           f"{len(human[0])} human), {steps_per_epoch} batches per epoch; held out: "
@@ -213,7 +219,7 @@ def main(argv=None):
                       for name, m in test_manifests.items()))
     model.summary()
 
-    evaluate = make_evaluator(model, args.max_symbols)
+    evaluate = make_evaluator(model, args.max_symbols, tokenizer=tokenizer)
     callbacks = [
         WERCallback(evaluate, test_ds, args.eval_every, args.epochs),  # first: the
         # callbacks after it see its val_wer_* logs
@@ -236,7 +242,7 @@ def main(argv=None):
                    train_seconds=train_seconds, train_cpu_seconds=time.process_time() - start_cpu,
                    tensorflow=tf.__version__, audio_backend=pipeline.audio_backend(),
                    large=args.large, config=dataclasses.asdict(config),
-                   batch_size=args.batch_size, final_loss=float(history["loss"][-1]),
+                   batch_size=args.batch_size, tokens=args.tokens, final_loss=float(history["loss"][-1]),
                    training_utterances=len(train_manifest[0]))
     for name, dataset in test_ds.items():
         wer, refs, hyps = evaluate(dataset)
@@ -247,7 +253,7 @@ def main(argv=None):
             print(f"  ref: {r}\n  hyp: {h}")
     if args.beam_size:
         results["wer_beam"] = {}
-        evaluate_beam = make_evaluator(model, beam_size=args.beam_size)
+        evaluate_beam = make_evaluator(model, beam_size=args.beam_size, tokenizer=tokenizer)
         for name, dataset in test_ds.items():
             wer, _, _ = evaluate_beam(dataset)
             results["wer_beam"][name] = wer
@@ -257,12 +263,12 @@ def main(argv=None):
         import export
 
         path = os.path.join(args.out, "saved_model")
-        export.export_saved_model(model, path)
+        export.export_saved_model(model, path, tokenizer=tokenizer)
         results["saved_model"] = path
         print(f"exported the streaming SavedModel to {path}")
         if args.tflite:
             path = os.path.join(args.out, "streaming_step.tflite")
-            export.export_tflite(model, path)
+            export.export_tflite(model, path, tokenizer=tokenizer)
             results["tflite"] = path
             print(f"exported the TFLite streaming step to {path}")
     with open(os.path.join(args.out, "results.json"), "w") as f:
