@@ -258,6 +258,27 @@ def test_character_tokenizer():
     assert pipeline.VOCAB_SIZE == 29
 
 
+def test_word_tokenizer():
+    words = pipeline.WORDS
+    text = "Call  my NUMBER nine oh one, please"
+    ids = words.encode(tf.constant(text)).numpy().tolist()
+    # "oh" is not in the vocabulary, "one," is not a word of it: both dropped.
+    kept = [w for w in text.lower().split() if w in pipeline.WORD_LIST]
+    assert kept == ["call", "my", "number", "nine", "please"]
+    assert ids == [1 + pipeline.WORD_LIST.index(w) for w in kept]
+    assert words.decode(ids + [0, words.size]) == "call my number nine please"
+    assert words.vocabulary[pipeline.BLANK] == "<blank>" and min(ids) > pipeline.BLANK
+    assert len(set(pipeline.WORD_LIST)) == len(pipeline.WORD_LIST) == words.size - 1
+    assert words.token_texts()[1:3] == ("zero ", "one ")
+    # Every word of the committed transcripts has an id.
+    _, transcripts = pipeline.read_manifest(os.path.join(DATA, "train.tsv"))
+    for transcript in transcripts:
+        assert words.decode(words.encode(tf.constant(transcript)).numpy()) == \
+            " ".join(transcript.lower().split())
+    chars = pipeline.CHARACTERS
+    assert chars.decode(chars.encode(tf.constant("nine one")).numpy()) == "nine one"
+
+
 # ------------------------------------------------------------------------------ datasets
 
 
