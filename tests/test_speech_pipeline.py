@@ -308,7 +308,9 @@ def test_fsdd_digit_strings(tmp_path):
     recordings = sorted(os.listdir(fsdd.RECORDINGS))
     speakers = {name.split("_")[1] for name in recordings}
     assert speakers == set(fsdd.TRAIN_SPEAKERS) | {fsdd.TEST_SPEAKER}
-    assert len(recordings) == 10 * (4 * len(fsdd.TRAIN_TAKES) + len(fsdd.TEST_TAKES))
+    expected = {f"{d}_{s}_{take}.wav" for s, takes in fsdd.TAKES.items() for d in range(10)
+                for take in takes}
+    assert set(recordings) == expected
     first = fsdd.make_digit_strings(str(tmp_path / "a"), num_train=6, num_test=3, seed=1)
     second = fsdd.make_digit_strings(str(tmp_path / "b"), num_train=6, num_test=3, seed=1)
     for manifest_a, manifest_b, split in zip(first, second, ("train", "test")):

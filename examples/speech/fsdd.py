@@ -25,17 +25,17 @@ RECORDINGS = os.path.join(HERE, "data", "fsdd", "recordings")
 DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 SAMPLE_RATE = 8000
 TEST_SPEAKER = "jackson"
-TRAIN_SPEAKERS = ("george", "lucas", "nicolas", "yweweler")
+TRAIN_SPEAKERS = ("george", "lucas", "nicolas", "theo", "yweweler")
 # Takes committed per speaker and digit (FSDD has 50): the repository keeps under 12 MB of them.
-TRAIN_TAKES = range(5, 40)
-TEST_TAKES = range(0, 15)
+TAKES = {"george": range(5, 40), "lucas": range(5, 40), "nicolas": range(5, 40),
+         "yweweler": range(5, 40), "theo": range(0, 16), TEST_SPEAKER: range(0, 15)}
 
 
 def copy_subset(source, dest=RECORDINGS):
     """Copies the committed subset of FSDD (`{digit}_{speaker}_{take}.wav`) from `source`."""
     os.makedirs(dest, exist_ok=True)
     count = 0
-    for speaker, takes in [(s, TRAIN_TAKES) for s in TRAIN_SPEAKERS] + [(TEST_SPEAKER, TEST_TAKES)]:
+    for speaker, takes in TAKES.items():
         for digit in range(10):
             for take in takes:
                 name = f"{digit}_{speaker}_{take}.wav"
@@ -115,23 +115,26 @@ def write_split(out_dir, split, rng, words_by_speaker, speakers, count, min_len,
 
 def make_digit_strings(out_dir, num_train=1600, num_test=100, seed=0, recordings=RECORDINGS):
     """Writes `out_dir/{train,test}.tsv` and their WAV files; the same arguments give the same
-    files. Training strings (1-6 digits) use the four training speakers, test strings (3-6
-    digits) the held-out speaker only.
+    files. Training strings (1-6 digits) use the training speakers, test strings (3-6 digits)
+    the held-out speaker only. Each split draws from its own random stream, so the test strings
+    do not depend on `num_train`.
 
     Returns:
       `(train manifest path, test manifest path)`.
     """
     words = load_words(recordings)
-    rng = np.random.default_rng(seed)
-    train = write_split(out_dir, "train", rng, words, TRAIN_SPEAKERS, num_train, 1, 6)
-    test = write_split(out_dir, "test", rng, words, (TEST_SPEAKER,), num_test, 3, 6)
+    train = write_split(out_dir, "train", np.random.default_rng([seed, 0]), words,
+                        TRAIN_SPEAKERS, num_train, 1, 6)
+    test = write_split(out_dir, "test", np.random.default_rng([seed, 1]), words,
+                       (TEST_SPEAKER,), num_test, 3, 6)
     return train, test
 
 
 def prepare(out_dir, num_train=1600, num_test=100, seed=0):
     """`make_digit_strings` unless `out_dir` already holds the set made with these arguments."""
     stamp = os.path.join(out_dir, "made_with.txt")
-    key = f"num_train={num_train} num_test={num_test} seed={seed}\n"
+    key = f"speakers={','.join(TRAIN_SPEAKERS)} num_train={num_train} num_test={num_test} " \
+          f"seed={seed} streams=split\n"
     if os.path.exists(stamp) and open(stamp).read() == key:
         return os.path.join(out_dir, "train.tsv"), os.path.join(out_dir, "test.tsv")
     shutil.rmtree(out_dir, ignore_errors=True)
