@@ -24,8 +24,8 @@ sys.path.insert(0, SPEECH)
 
 import keras  # noqa: E402
 
-import decoding  # noqa: E402
 import pipeline  # noqa: E402
+from tf_rnnt import decoding  # noqa: E402
 from model import ModelConfig, build_model, output_lengths, parts  # noqa: E402
 
 DATA = os.path.join(SPEECH, "data")
@@ -44,8 +44,7 @@ def held_out_audio(count):
 
 def python_greedy(joint, predictor, frames, max_symbols=5):
     """One utterance, Python control flow: the textbook greedy RNN-T loop."""
-    state = decoding.initial_decoder_state(predictor, 1)
-    out, pred_state = state[0], state[1:]
+    out, pred_state = predictor.step(tf.constant([pipeline.BLANK]), predictor.initial_state(1))
     tokens = []
     for t in range(frames.shape[0]):
         for _ in range(max_symbols):
@@ -56,6 +55,14 @@ def python_greedy(joint, predictor, frames, max_symbols=5):
             tokens.append(token)
             out, pred_state = predictor.step(tf.constant([token]), pred_state)
     return tokens
+
+
+def greedy_start(predictor, batch):
+    return decoding.greedy_initial_state(predictor.step, predictor.initial_state(batch))
+
+
+def emitted(tokens):
+    return [[int(t) for t in row if t != decoding.NO_TOKEN] for row in np.asarray(tokens)]
 
 
 @pytest.fixture(scope="module", params=["stateless", "lstm"])
@@ -98,9 +105,9 @@ def test_batched_greedy_equals_python_loop(random_model, held_out_features):
     frames = encoder([features, lengths])
     # The Python loop runs eagerly, one op at a time: keep it short (<= 24 frames, 2 samples).
     frame_lengths = np.minimum(output_lengths(lengths).numpy(), [24, 12, 0])
-    tokens, _ = decoding.greedy_decode(joint, predictor, frames, frame_lengths,
-                                       decoding.initial_decoder_state(predictor, len(lengths)))
-    got = decoding.tokens_to_lists(tokens)
+    tokens, _ = decoding.greedy_search(frames, frame_lengths, greedy_start(predictor, len(lengths)),
+                                       decoding.joint_fn_from_layer(joint), predictor.step)
+    got = emitted(tokens)
     assert got[2] == []  # no frames, no tokens
     for b in range(2):
         expected = python_greedy(joint, predictor, frames[b, :int(frame_lengths[b])].numpy())
@@ -112,16 +119,17 @@ def test_chunked_greedy_equals_whole(random_model, held_out_features):
     encoder, predictor, joint = parts(random_model)
     features, lengths = held_out_features
     frames = encoder([features[:1, :lengths[0]], lengths[:1]])
-    whole, _ = decoding.greedy_decode(joint, predictor, frames, [frames.shape[1]],
-                                      decoding.initial_decoder_state(predictor, 1))
-    state = decoding.initial_decoder_state(predictor, 1)
-    decode = tf.function(lambda f, n, s: decoding.greedy_decode(joint, predictor, f, n, s))
+    joint_fn = decoding.joint_fn_from_layer(joint)
+    whole, _ = decoding.greedy_search(frames, [frames.shape[1]], greedy_start(predictor, 1),
+                                      joint_fn, predictor.step)
+    state = greedy_start(predictor, 1)
+    decode = tf.function(lambda f, n, s: decoding.greedy_search(f, n, s, joint_fn, predictor.step))
     streamed = []
     for start in range(0, frames.shape[1], 3):
         piece = frames[:, start:start + 3]
         tokens, state = decode(piece, [piece.shape[1]], state)
-        streamed += decoding.tokens_to_lists(tokens)[0]
-    assert streamed == decoding.tokens_to_lists(whole)[0] and streamed
+        streamed += emitted(tokens)[0]
+    assert streamed == emitted(whole)[0] and streamed
 
 
 # ------------------------------------------------------------------------------ SavedModel
@@ -210,10 +218,9 @@ def exported(tmp_path_factory):
     or vacuous."""
     keras.utils.set_random_seed(3)
     paths, texts = pipeline.read_manifest(os.path.join(DATA, "train.tsv"))
-    mean, std = pipeline.feature_statistics((paths[:16], texts[:16]))
     model = build_model(tiny_config())
     encoder, predictor, joint = parts(model)
-    encoder.set_feature_statistics(mean, std)
+    encoder.adapt_features(pipeline.feature_dataset((paths[:16], texts[:16])))
     joint.kernel.assign(joint.kernel * 8.0)
 
     import export
@@ -233,11 +240,12 @@ def exported(tmp_path_factory):
         feats = pipeline.log_mel(audio)
         lengths = tf.shape(feats)[1:2]
         frames = encoder([feats, lengths])
-        tokens, _ = decoding.greedy_decode(joint, predictor, frames, output_lengths(lengths),
-                                           decoding.initial_decoder_state(predictor, 1))
+        tokens, _ = decoding.greedy_search(frames, output_lengths(lengths),
+                                           greedy_start(predictor, 1),
+                                           decoding.joint_fn_from_layer(joint), predictor.step)
         return tokens
 
-    expected = {f"u{i}": decoding.tokens_to_lists(keras_greedy(tf.constant(a[None])))[0]
+    expected = {f"u{i}": emitted(keras_greedy(tf.constant(a[None])))[0]
                 for i, a in enumerate(audio)}
     return export_dir, audio_file, expected
 

@@ -174,13 +174,27 @@ def test_log_mel_matches_numpy(config):
     np.testing.assert_allclose(features[strong], expected[strong], atol=2e-3)
 
 
-def test_feature_statistics_match_numpy(core_backend):
+def test_adapted_feature_normalization_matches_numpy(core_backend):
+    # The encoder's Normalization layer, adapted on the feature dataset, holds the float64
+    # per-bin mean and variance of all frames of the utterances.
+    import keras
+    from model import StreamingEncoder
+
     paths, texts = pipeline.read_manifest(os.path.join(DATA, "test.tsv"))
     subset = (paths[:4], texts[:4])
-    mean, std = pipeline.feature_statistics(subset)
+    encoder = StreamingEncoder(conv_channels=4, encoder_dim=8, encoder_layers=1)
+    encoder.build((None, None, 40))
+    encoder.adapt_features(pipeline.feature_dataset(subset))
     feats = np.concatenate([pipeline.log_mel(pipeline.load_audio(p)).numpy() for p in paths[:4]])
-    np.testing.assert_allclose(mean, feats.astype(np.float64).mean(0), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(std, feats.astype(np.float64).std(0), rtol=1e-4, atol=1e-5)
+    norm = encoder.feature_norm
+    np.testing.assert_allclose(np.asarray(norm.adapt_mean), feats.astype(np.float64).mean(0),
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(norm.adapt_variance), feats.astype(np.float64).var(0),
+                               rtol=1e-3, atol=1e-4)
+    x = feats[None, :50]
+    np.testing.assert_allclose(norm(x).numpy()[0], (feats[:50] - feats.mean(0)) /
+                               np.sqrt(feats.var(0)), rtol=1e-3, atol=1e-3)
+    assert isinstance(norm, keras.layers.Normalization)
 
 
 # ------------------------------------------------------------------------------ SpecAugment
@@ -244,6 +258,27 @@ def test_character_tokenizer():
     assert pipeline.VOCAB_SIZE == 29
 
 
+def test_word_tokenizer():
+    words = pipeline.WORDS
+    text = "Call  my NUMBER nine oh one, please"
+    ids = words.encode(tf.constant(text)).numpy().tolist()
+    # "oh" is not in the vocabulary, "one," is not a word of it: both dropped.
+    kept = [w for w in text.lower().split() if w in pipeline.WORD_LIST]
+    assert kept == ["call", "my", "number", "nine", "please"]
+    assert ids == [1 + pipeline.WORD_LIST.index(w) for w in kept]
+    assert words.decode(ids + [0, words.size]) == "call my number nine please"
+    assert words.vocabulary[pipeline.BLANK] == "<blank>" and min(ids) > pipeline.BLANK
+    assert len(set(pipeline.WORD_LIST)) == len(pipeline.WORD_LIST) == words.size - 1
+    assert words.token_texts()[1:3] == ("zero ", "one ")
+    # Every word of the committed transcripts has an id.
+    _, transcripts = pipeline.read_manifest(os.path.join(DATA, "train.tsv"))
+    for transcript in transcripts:
+        assert words.decode(words.encode(tf.constant(transcript)).numpy()) == \
+            " ".join(transcript.lower().split())
+    chars = pipeline.CHARACTERS
+    assert chars.decode(chars.encode(tf.constant("nine one")).numpy()) == "nine one"
+
+
 # ------------------------------------------------------------------------------ datasets
 
 
@@ -262,6 +297,37 @@ def test_committed_manifests():
     # Held-out: digit strings only, none of which occurs in training.
     assert all(set(t.split()) <= digits for t in test_texts)
     assert not set(test_texts) & set(train_texts)
+
+
+def test_fsdd_digit_strings(tmp_path):
+    # The committed FSDD subset: the held-out speaker's words only in the test strings; the
+    # strings are the words joined (every word's samples occur in the string, up to gain and
+    # noise), and the same seed gives the same files.
+    import fsdd
+
+    recordings = sorted(os.listdir(fsdd.RECORDINGS))
+    speakers = {name.split("_")[1] for name in recordings}
+    assert speakers == set(fsdd.TRAIN_SPEAKERS) | {fsdd.TEST_SPEAKER}
+    expected = {f"{d}_{s}_{take}.wav" for s, takes in fsdd.TAKES.items() for d in range(10)
+                for take in takes}
+    assert set(recordings) == expected
+    first = fsdd.make_digit_strings(str(tmp_path / "a"), num_train=6, num_test=3, seed=1)
+    second = fsdd.make_digit_strings(str(tmp_path / "b"), num_train=6, num_test=3, seed=1)
+    for manifest_a, manifest_b, split in zip(first, second, ("train", "test")):
+        paths_a, texts_a = pipeline.read_manifest(manifest_a)
+        paths_b, texts_b = pipeline.read_manifest(manifest_b)
+        assert texts_a == texts_b
+        for pa, pb in zip(paths_a, paths_b):
+            assert open(pa, "rb").read() == open(pb, "rb").read()
+        with open(manifest_a) as f:
+            rows = [line.rstrip("\n").split("\t") for line in f][1:]
+        for (_, text, speaker, _), path in zip(rows, paths_a):
+            assert (speaker == fsdd.TEST_SPEAKER) == (split == "test")
+            words = text.split()
+            assert set(words) <= set(fsdd.DIGITS)
+            assert (3 if split == "test" else 1) <= len(words) <= 6
+            samples, rate = _wav_num_samples(path)
+            assert rate == fsdd.SAMPLE_RATE and samples > 0.2 * rate * len(words)
 
 
 def test_eval_dataset_batches(backend):

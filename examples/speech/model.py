@@ -42,8 +42,9 @@ LARGE = dict(conv_channels=64, encoder_dim=384, encoder_layers=3, embedding_dim=
 class StreamingEncoder(keras.layers.Layer):
     """Causal encoder: `[B, T, F]` log-mel features -> `[B, T // 4, encoder_dim]` frames.
 
-    Features are normalized with fixed per-bin statistics (`feature_mean`, `feature_std`, not
-    trained: a per-utterance normalization would look into the future), then two 3x3
+    Features are normalized with fixed per-bin statistics (a `keras.layers.Normalization`
+    adapted on the training features with `adapt_features`, saved with the weights, not trained:
+    a per-utterance normalization would look into the future), then two 3x3
     convolutions with stride 2 in time and frequency. In time they are causal: output j of a
     convolution reads inputs 2j - 1, 2j, 2j + 1 (input -1 is the carried context, zeros at the
     start), so its receptive field ends at the frame it is emitted for. Then `encoder_layers`
@@ -66,6 +67,7 @@ class StreamingEncoder(keras.layers.Layer):
         self.conv2 = keras.layers.Conv2D(conv_channels, 3, strides=2, activation="relu",
                                          kernel_initializer="he_normal", name="conv2")
         self.input_projection = keras.layers.Dense(encoder_dim, name="input_projection")
+        self.feature_norm = keras.layers.Normalization(axis=-1, name="feature_norm")
         # Per-frame normalizations (causal): without them the LSTMs start on inputs of ~0.1
         # and the encoder's signal is too weak for the joint to learn from it before the
         # predictor has learned the label prior (a plateau at the prior's loss).
@@ -77,10 +79,7 @@ class StreamingEncoder(keras.layers.Layer):
 
     def build(self, input_shape):
         bins = self.num_mel_bins
-        self.feature_mean = self.add_weight(name="feature_mean", shape=(bins,),
-                                            initializer="zeros", trainable=False)
-        self.feature_std = self.add_weight(name="feature_std", shape=(bins,),
-                                           initializer="ones", trainable=False)
+        self.feature_norm.build((None, None, bins))
         self.conv1.build((None, None, bins + 2, 1))
         bins1 = (bins + 2 - 3) // 2 + 1
         self.conv2.build((None, None, bins1 + 2, self.conv_channels))
@@ -92,9 +91,15 @@ class StreamingEncoder(keras.layers.Layer):
             lstm.build((None, None, self.encoder_dim))
         self.built = True
 
+    def adapt_features(self, features):
+        """Sets the feature statistics from a `tf.data.Dataset` of `[1, T, F]` features."""
+        self.feature_norm.adapt(features)
+
     def set_feature_statistics(self, mean, std):
-        self.feature_mean.assign(mean)
-        self.feature_std.assign(std)
+        """Sets the per-bin feature statistics directly (`[F]` mean and standard deviation)."""
+        self.feature_norm.adapt_mean.assign(mean)
+        self.feature_norm.adapt_variance.assign(tf.square(std))
+        self.feature_norm.finalize_state()
 
     # -- state ---------------------------------------------------------------------------------
     def state_shapes(self):
@@ -147,8 +152,7 @@ class StreamingEncoder(keras.layers.Layer):
         """Encodes a chunk: `[B, T, F]` features (T a multiple of 4 for exact streaming) and the
         state from the previous chunk -> (`[B, T // 4, encoder_dim]` frames, new state)."""
         features = tf.convert_to_tensor(features, tf.float32)
-        x = (features - self.feature_mean) / self.feature_std
-        x = x[..., None]
+        x = self.feature_norm(features)[..., None]
         x, ctx1 = self._causal_conv(self.conv1, x, state[0])
         x, ctx2 = self._causal_conv(self.conv2, x, state[1])
         shape = tf.shape(x)

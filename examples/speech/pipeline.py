@@ -10,11 +10,12 @@ TensorFlow <= 2.17.1) decoding and resampling use tensorflow-io; elsewhere core 
 (`tf.audio.decode_wav` and the windowed-sinc resampler below) does the same job. Pick one with
 `set_audio_backend("tfio" | "core")`; the default is tfio when it loads.
 
-Tokenization: characters (blank, space, apostrophe, a-z). The data are short English words
-(digits, a few phrases) and the corpus is tiny: characters need no tokenizer training or extra
-dependency, cover any English text, and keep the vocabulary (29) and so the joint small. A
-subword vocabulary would shorten label sequences but would have to be learned from a few hundred
-utterances.
+Tokenization (`Tokenizer`): characters (`CHARACTERS`: blank, space, apostrophe, a-z; any
+English text, 29 tokens) or whole words (`WORDS`: blank and the 35 words of the committed
+transcripts: the ten digit words and those of the phrases and commands around them). The task is
+digit strings: word tokens give one label per spoken word instead of about five characters, so
+the transducer has far fewer labels to align and nothing to spell; words outside the vocabulary
+are dropped. Both decode to the same text (words separated by single spaces).
 """
 
 import csv
@@ -302,6 +303,60 @@ def normalize_transcript(text):
     return " ".join(decode_ids(encode_text(text).numpy()).split())
 
 
+# The ten digit words, then the other words of the committed transcripts (`data/train.tsv`).
+WORD_LIST = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
+             "call", "cancel", "code", "correct", "dial", "extension", "goodbye", "hello", "is",
+             "menu", "my", "next", "no", "number", "please", "press", "repeat", "room", "send",
+             "thank", "that", "the", "transcript", "yes", "you")
+
+
+def encode_words(text, words=WORD_LIST):
+    """Scalar string -> `[U]` int32 word ids (1 + index in `words`; unknown words dropped)."""
+    tokens = tf.strings.split(tf.strings.lower(text))
+    matches = tf.equal(tokens[:, None], tf.constant(words)[None, :])
+    ids = tf.argmax(tf.cast(matches, tf.int32), axis=1, output_type=tf.int32) + 1
+    return tf.boolean_mask(ids, tf.reduce_any(matches, axis=1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokenizer:
+    """Text <-> token ids; id 0 (`BLANK`) is the RNN-T blank.
+
+    Attributes:
+      unit: "characters" or "words".
+      vocabulary: the text of each id (`vocabulary[0]` is the blank's name).
+    """
+
+    unit: str
+    vocabulary: tuple
+
+    @property
+    def size(self):
+        return len(self.vocabulary)
+
+    def encode(self, text):
+        """Scalar string tensor -> `[U]` int32 ids."""
+        if self.unit == "words":
+            return encode_words(text, self.vocabulary[1:])
+        return encode_text(text)
+
+    def decode(self, ids):
+        """Python: a sequence of ids -> text (blank and invalid ids skipped)."""
+        tokens = [self.vocabulary[i] for i in ids if 0 < i < self.size]
+        return " ".join(tokens) if self.unit == "words" else "".join(tokens)
+
+    def token_texts(self):
+        """The text a streaming decoder appends for each id: words end with a space."""
+        if self.unit == "words":
+            return (self.vocabulary[0],) + tuple(w + " " for w in self.vocabulary[1:])
+        return self.vocabulary
+
+
+CHARACTERS = Tokenizer("characters", VOCABULARY)
+WORDS = Tokenizer("words", ("<blank>",) + WORD_LIST)
+TOKENIZERS = {"characters": CHARACTERS, "words": WORDS}
+
+
 # ----------------------------------------------------------------------------- datasets
 
 
@@ -359,7 +414,7 @@ def default_bucket_boundaries(max_frames=800, step=50):
 
 def make_dataset(manifest, batch_size=32, training=False, feature_config=FeatureConfig(),
                  augment_config=AugmentConfig(), mask_value=0.0, bucket_boundaries=None,
-                 seed=0, cache=True, repeat=False):
+                 seed=0, cache=True, repeat=False, tokenizer=None):
     """Batched dataset for `model.fit` / evaluation.
 
     Elements: `({"features": [B, T, F] float32, "feature_lengths": [B] int32,
@@ -370,10 +425,12 @@ def make_dataset(manifest, batch_size=32, training=False, feature_config=Feature
     Args:
       manifest: TSV path (columns path, transcript) or a `(paths, transcripts)` pair.
       mask_value: SpecAugment fill, scalar or `[F]` (e.g. the training features' mean).
+      tokenizer: a `Tokenizer` for the labels (default `CHARACTERS`).
     """
+    encode = (tokenizer or CHARACTERS).encode
     paths, texts = read_manifest(manifest) if isinstance(manifest, str) else manifest
     ds = tf.data.Dataset.from_tensor_slices((list(paths), list(texts)))
-    ds = ds.map(lambda p, t: (load_audio(p), encode_text(t)), num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.map(lambda p, t: (load_audio(p), encode(t)), num_parallel_calls=tf.data.AUTOTUNE)
     if cache:
         ds = ds.cache()  # decoded 16 kHz audio: augmentation below stays random per epoch
     if training:
@@ -408,19 +465,10 @@ def make_dataset(manifest, batch_size=32, training=False, feature_config=Feature
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
-def feature_statistics(manifest, feature_config=FeatureConfig()):
-    """Per-bin mean and standard deviation of the (unaugmented) log-mel features."""
+def feature_dataset(manifest, feature_config=FeatureConfig()):
+    """The (unaugmented) log-mel features of a manifest's utterances, one `[1, T, F]` batch
+    each: what `keras.layers.Normalization.adapt` takes for per-bin statistics."""
     paths, _ = read_manifest(manifest) if isinstance(manifest, str) else manifest
-    ds = tf.data.Dataset.from_tensor_slices(list(paths)).map(
-        lambda p: log_mel(load_audio(p), feature_config), num_parallel_calls=tf.data.AUTOTUNE)
-    total = np.zeros(feature_config.num_mel_bins)
-    total_sq = np.zeros(feature_config.num_mel_bins)
-    count = 0
-    for feats in ds:
-        feats = feats.numpy().astype(np.float64)
-        total += feats.sum(0)
-        total_sq += (feats ** 2).sum(0)
-        count += feats.shape[0]
-    mean = total / count
-    std = np.sqrt(np.maximum(total_sq / count - mean ** 2, 1e-8))
-    return mean.astype(np.float32), std.astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices(list(paths)).map(
+        lambda p: log_mel(load_audio(p), feature_config)[None],
+        num_parallel_calls=tf.data.AUTOTUNE)

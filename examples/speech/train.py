@@ -1,11 +1,16 @@
-"""Trains the streaming transducer on the spoken-digit set, reports WER, exports a SavedModel.
+"""Trains the streaming transducer on human and synthesized spoken digits, reports WER, exports.
 
-    python examples/speech/train.py                 # CPU default: 14 min on 2 busy cores, WER 7%
-    python examples/speech/train.py --large --data /tmp/speech_big   # GPU: 6 min on an H200, WER 5.6%
+    python examples/speech/train.py --out runs/speech --tflite          # CPU default
+    python examples/speech/train.py --out runs/speech_large --large     # GPU
 
-Writes into --out: TensorBoard logs (tensorboard/), weight checkpoints (checkpoints/), the
-training curve (training_curve.png), the metrics (results.json, history.csv) and the streaming
-SavedModel (saved_model/, see export.py).
+Training data: the committed synthesized set (`data/`, espeak-ng) and digit strings made from
+the committed Free Spoken Digit Dataset words of four speakers (`fsdd.py`, written to
+OUT/fsdd_strings on first use). Held out, scored separately: the synthesized test strings and
+digit strings spoken by the fifth speaker, who is in no training utterance.
+
+Writes into --out: TensorBoard logs (tensorboard/), the per-epoch CSV log (history.csv), weight
+checkpoints (checkpoints/, final.weights.h5), the metrics (results.json) and the streaming
+SavedModel (saved_model/, see export.py; with --tflite also streaming_step.tflite).
 """
 
 import argparse
@@ -27,95 +32,79 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import decoding  # noqa: E402
+from tf_rnnt import decoding  # noqa: E402
+
+import fsdd  # noqa: E402
 import pipeline  # noqa: E402
-import plot  # noqa: E402
 from model import LARGE, ModelConfig, build_model, output_lengths, parts  # noqa: E402
 
 DEFAULT_DATA = os.path.join(_HERE, "data")
 
 
-def make_evaluator(model, max_symbols=5):
+def make_evaluator(model, max_symbols=5, beam_size=0, tokenizer=pipeline.CHARACTERS):
+    """`evaluate(dataset) -> (WER, references, hypotheses)`: greedy search, or modified beam
+    search when `beam_size` > 0; `tokenizer` turns the ids into text."""
     encoder, predictor, joint = parts(model)
+    joint_fn = decoding.joint_fn_from_layer(joint)
 
     @tf.function(reduce_retracing=True)
     def decode_batch(features, feature_lengths):
         frames = encoder([features, feature_lengths], training=False)
-        state = decoding.initial_decoder_state(predictor, tf.shape(features)[0])
-        tokens, _ = decoding.greedy_decode(joint, predictor, frames,
-                                           output_lengths(feature_lengths), state, max_symbols)
+        lengths = output_lengths(feature_lengths)
+        start = predictor.initial_state(tf.shape(features)[0])
+        if beam_size:
+            state = decoding.beam_initial_state(predictor.step, start, beam_size, pipeline.BLANK)
+            state = decoding.beam_search(frames, lengths, state, joint_fn, predictor.step,
+                                         pipeline.BLANK)
+            return decoding.best_hypothesis(state)[0]
+        state = decoding.greedy_initial_state(predictor.step, start, pipeline.BLANK)
+        tokens, _ = decoding.greedy_search(frames, lengths, state, joint_fn, predictor.step,
+                                           max_symbols, pipeline.BLANK)
         return tokens
 
     def evaluate(dataset):
         references, hypotheses = [], []
         for inputs, labels in dataset:
             tokens = decode_batch(inputs["features"], inputs["feature_lengths"])
-            hypotheses += [pipeline.decode_ids(t) for t in decoding.tokens_to_lists(tokens)]
-            references += [pipeline.decode_ids(row) for row in labels.numpy()]
-        return decoding.word_error_rate(references, hypotheses), references, hypotheses
+            hypotheses += [tokenizer.decode(t) for t in tokens.numpy()]
+            references += [tokenizer.decode(row) for row in labels.numpy()]
+        return word_error_rate(references, hypotheses), references, hypotheses
 
     return evaluate
 
 
-def write_scalar(writer, tag, value, step):
-    """A TensorBoard scalar through core TensorFlow (tf.summary.scalar needs the tensorboard
-    package; tf.summary.write with the scalars plugin's metadata does not)."""
-    from tensorflow.core.framework import summary_pb2
-
-    metadata = summary_pb2.SummaryMetadata()
-    metadata.plugin_data.plugin_name = "scalars"
-    with writer.as_default():
-        tf.summary.write(tag, tf.constant(value, tf.float32), step=step, metadata=metadata)
-
-
-class ScalarLogs(keras.callbacks.Callback):
-    """Epoch logs as TensorBoard scalars (log_dir/train, log_dir/validation), written like
-    keras.callbacks.TensorBoard's but without the tensorboard package."""
-
-    def __init__(self, log_dir):
-        super().__init__()
-        self.train = tf.summary.create_file_writer(os.path.join(log_dir, "train"))
-        self.validation = tf.summary.create_file_writer(os.path.join(log_dir, "validation"))
-
-    def on_epoch_end(self, epoch, logs=None):
-        for key, value in (logs or {}).items():
-            if key.startswith("val_"):
-                write_scalar(self.validation, "epoch_" + key[4:], float(value), epoch)
-            else:
-                write_scalar(self.train, "epoch_" + key, float(value), epoch)
-        lr = self.model.optimizer.learning_rate
-        write_scalar(self.train, "epoch_learning_rate", float(np.asarray(lr)), epoch)
-        self.train.flush()
-        self.validation.flush()
-
-
-def tensorboard_callback(log_dir):
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        return ScalarLogs(log_dir)
-    return keras.callbacks.TensorBoard(log_dir, update_freq="epoch")
+def word_error_rate(references, hypotheses):
+    """Corpus WER with `tf.edit_distance` over words: total word edits / total reference
+    words."""
+    if len(references) != len(hypotheses):
+        raise ValueError(f"{len(references)} references but {len(hypotheses)} hypotheses")
+    ref = tf.strings.split(tf.constant(list(references), tf.string))
+    hyp = tf.strings.split(tf.constant(list(hypotheses), tf.string))
+    edits = tf.edit_distance(hyp.to_sparse(), ref.to_sparse(), normalize=False)
+    return float(tf.reduce_sum(edits)) / max(int(tf.reduce_sum(ref.row_lengths())), 1)
 
 
 class WERCallback(keras.callbacks.Callback):
-    """Greedy-decodes the held-out set every `every` epochs; logs `val_wer`."""
+    """Greedy-decodes the held-out sets every `every` epochs (and after the last); logs
+    `val_wer_<name>` for each (TensorBoard and the CSV log read them from the epoch logs)."""
 
-    def __init__(self, evaluate, dataset, every):
+    def __init__(self, evaluate, datasets, every, epochs):
         super().__init__()
         self.evaluate = evaluate
-        self.dataset = dataset
+        self.datasets = datasets
         self.every = every
-        self.points = []  # (epoch, wer)
+        self.epochs = epochs
 
     def on_epoch_end(self, epoch, logs=None):
-        if (epoch + 1) % self.every:
+        if (epoch + 1) % self.every and epoch + 1 != self.epochs:
+            for name in self.datasets:
+                logs["val_wer_" + name] = float("nan")  # the CSV log needs every column
             return
-        wer, refs, hyps = self.evaluate(self.dataset)
-        self.points.append((epoch + 1, wer))
-        if logs is not None:
-            logs["val_wer"] = wer  # TensorBoard (validation/epoch_wer) and history.csv
-        print(f"\nepoch {epoch + 1}: held-out WER {wer:.2%}  e.g. ref '{refs[0]}' "
-              f"hyp '{hyps[0]}'", flush=True)
+        for name, dataset in self.datasets.items():
+            wer, refs, hyps = self.evaluate(dataset)
+            logs["val_wer_" + name] = wer
+            print(f"\nepoch {epoch + 1}: held-out WER ({name}) {wer:.2%}  e.g. ref "
+                  f"'{refs[0]}' hyp '{hyps[0]}'", flush=True)
 
 
 class TimeLimit(keras.callbacks.Callback):
@@ -133,7 +122,15 @@ class TimeLimit(keras.callbacks.Callback):
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default=DEFAULT_DATA,
-                   help="folder with train.tsv and test.tsv (default: the committed set)")
+                   help="synthesized speech: folder with train.tsv and test.tsv (default: the "
+                   "committed set)")
+    p.add_argument("--human-data", default=None,
+                   help="folder for the human digit strings made from the committed FSDD words "
+                   "(default: OUT/fsdd_strings; made there if missing)")
+    p.add_argument("--human-train", type=int, default=None,
+                   help="human digit strings for training")
+    p.add_argument("--human-test", type=int, default=100,
+                   help="digit strings of the held-out speaker")
     p.add_argument("--out", default="speech_run", help="output folder")
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=None)
@@ -143,16 +140,28 @@ def parse_args(argv):
                    help="stop after the epoch that passes this many minutes")
     p.add_argument("--large", action="store_true", help="larger model and batches (GPU)")
     p.add_argument("--predictor", choices=("stateless", "lstm"), default="stateless")
+    p.add_argument("--tokens", choices=tuple(pipeline.TOKENIZERS), default="words",
+                   help="label units: whole words (the digit words and the commands' words) or "
+                   "characters")
     p.add_argument("--fastemit-lambda", type=float, default=0.0)
     p.add_argument("--augment", choices=("full", "spec", "audio", "none"), default="full",
                    help="training augmentation: audio (speed, gain, noise), SpecAugment, both")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-symbols", type=int, default=5,
+                   help="greedy search: labels per encoder frame at most")
+    p.add_argument("--beam-size", type=int, default=0,
+                   help="also score the final model with modified beam search of this width")
     p.add_argument("--no-export", action="store_true")
+    p.add_argument("--tflite", action="store_true",
+                   help="also write the TFLite streaming step (streaming_step.tflite)")
+    p.add_argument("--evaluate-only", metavar="WEIGHTS",
+                   help="load these weights (a final.weights.h5), evaluate and export; no training")
     p.add_argument("--audio-backend", choices=("auto", "tfio", "core"), default="auto")
     args = p.parse_args(argv)
-    defaults = dict(epochs=60, batch_size=32, learning_rate=1e-3, eval_every=10)
+    defaults = dict(epochs=18, batch_size=32, learning_rate=1e-3, eval_every=3, human_train=1600)
     if args.large:
-        defaults = dict(epochs=100, batch_size=64, learning_rate=5e-4, eval_every=10)
+        defaults = dict(epochs=60, batch_size=64, learning_rate=5e-4, eval_every=10,
+                        human_train=8000)
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -161,18 +170,25 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
-    start = time.time()
+    start, start_cpu = time.time(), time.process_time()
     keras.utils.set_random_seed(args.seed)
     if args.audio_backend != "auto":
         pipeline.set_audio_backend(args.audio_backend)
     os.makedirs(args.out, exist_ok=True)
-    train_manifest = os.path.join(args.data, "train.tsv")
-    test_manifest = os.path.join(args.data, "test.tsv")
     print(f"TensorFlow {tf.__version__}, Keras {keras.__version__}, audio backend "
           f"{pipeline.audio_backend()}, devices "
           f"{[d.name for d in tf.config.list_logical_devices()]}")
+    human_train, human_test = fsdd.prepare(
+        args.human_data or os.path.join(args.out, "fsdd_strings"), args.human_train,
+        args.human_test, seed=args.seed)
+    synthetic = pipeline.read_manifest(os.path.join(args.data, "train.tsv"))
+    human = pipeline.read_manifest(human_train)
+    train_manifest = (synthetic[0] + human[0], synthetic[1] + human[1])
+    test_manifests = {"synthetic": os.path.join(args.data, "test.tsv"), "human": human_test}
 
-    mean, std = pipeline.feature_statistics(train_manifest)
+    tokenizer = pipeline.TOKENIZERS[args.tokens]
+    config = ModelConfig(vocab_size=tokenizer.size, predictor=args.predictor,
+                         fastemit_lambda=args.fastemit_lambda, **(LARGE if args.large else {}))
     augment = pipeline.AugmentConfig()
     if args.augment in ("spec", "none"):
         augment = dataclasses.replace(augment, speed_factors=(1.0,), gain_db=(0.0, 0.0),
@@ -180,66 +196,84 @@ def main(argv=None):
     if args.augment in ("audio", "none"):
         augment = dataclasses.replace(augment, num_freq_masks=0, num_time_masks=0)
     train_ds = pipeline.make_dataset(train_manifest, args.batch_size, training=True,
-                                     augment_config=augment, mask_value=mean, seed=args.seed)
-    test_ds = pipeline.make_dataset(test_manifest, args.batch_size, training=False)
-    steps_per_epoch = sum(1 for _ in train_ds)
-    print(f"{len(pipeline.read_manifest(train_manifest)[0])} training utterances, "
-          f"{steps_per_epoch} batches per epoch; "
-          f"{len(pipeline.read_manifest(test_manifest)[0])} held-out utterances")
-
-    config = ModelConfig(vocab_size=pipeline.VOCAB_SIZE, predictor=args.predictor,
-                         fastemit_lambda=args.fastemit_lambda, **(LARGE if args.large else {}))
+                                     augment_config=augment, seed=args.seed, tokenizer=tokenizer)
+    steps_per_epoch = 1 if args.evaluate_only else sum(1 for _ in train_ds)
     model = build_model(config, args.learning_rate, steps=args.epochs * steps_per_epoch)
-    parts(model)[0].set_feature_statistics(mean, std)
+    encoder = parts(model)[0]
+    if args.evaluate_only:
+        model.load_weights(args.evaluate_only)
+        encoder.feature_norm.finalize_state()  # the statistics come from the weights file
+    else:
+        encoder.adapt_features(pipeline.feature_dataset(train_manifest))
+    # SpecAugment fills masks with the training features' mean (0 after normalization).
+    train_ds = pipeline.make_dataset(
+        train_manifest, args.batch_size, training=True, augment_config=augment,
+        mask_value=np.asarray(encoder.feature_norm.adapt_mean), seed=args.seed,
+        tokenizer=tokenizer)
+    test_ds = {name: pipeline.make_dataset(m, args.batch_size, training=False,
+                                           tokenizer=tokenizer)
+               for name, m in test_manifests.items()}
+    print(f"{len(train_manifest[0])} training utterances ({len(synthetic[0])} synthesized, "
+          f"{len(human[0])} human), {steps_per_epoch} batches per epoch; held out: "
+          + ", ".join(f"{len(pipeline.read_manifest(m)[0])} {name}"
+                      for name, m in test_manifests.items()))
     model.summary()
 
-    evaluate = make_evaluator(model)
-    log_dir = os.path.join(args.out, "tensorboard")
-    wer_callback = WERCallback(evaluate, test_ds, args.eval_every)
+    evaluate = make_evaluator(model, args.max_symbols, tokenizer=tokenizer)
     callbacks = [
-        wer_callback,  # first: the callbacks after it see val_wer
-        tensorboard_callback(log_dir),
+        WERCallback(evaluate, test_ds, args.eval_every, args.epochs),  # first: the
+        # callbacks after it see its val_wer_* logs
+        keras.callbacks.CSVLogger(os.path.join(args.out, "history.csv")),
+        keras.callbacks.TensorBoard(os.path.join(args.out, "tensorboard"), update_freq="epoch"),
         keras.callbacks.ModelCheckpoint(  # the latest epoch's weights (final.weights.h5 at the end)
             os.path.join(args.out, "checkpoints", "latest.weights.h5"), save_weights_only=True,
             save_freq="epoch"),
     ]
     if args.time_limit:
         callbacks.append(TimeLimit(args.time_limit * 60 - (time.time() - start)))
-    history = model.fit(train_ds, epochs=args.epochs, callbacks=callbacks, verbose=1)
+    if args.evaluate_only:
+        history = {"loss": [float("nan")]}
+    else:
+        history = model.fit(train_ds, epochs=args.epochs, callbacks=callbacks, verbose=2).history
+        model.save_weights(os.path.join(args.out, "final.weights.h5"))
     train_seconds = time.time() - start
 
-    wer, refs, hyps = evaluate(test_ds)
-    print(f"held-out WER {wer:.2%} on {len(refs)} utterances (training took {train_seconds:.0f} s)")
-    for r, h in list(zip(refs, hyps))[:5]:
-        print(f"  ref: {r}\n  hyp: {h}")
-    model.save_weights(os.path.join(args.out, "final.weights.h5"))
-
-    losses = [float(v) for v in history.history["loss"]]
-    epochs_run = len(losses)
-    wer_points = dict(wer_callback.points)
-    wer_points.setdefault(epochs_run, wer)
-    with open(os.path.join(args.out, "history.csv"), "w") as f:
-        f.write("epoch,loss,wer\n")
-        for epoch, loss in enumerate(losses, 1):
-            f.write(f"{epoch},{loss:.5f},{wer_points.get(epoch, '')}\n")
-    plot.write_training_curve(os.path.join(args.out, "training_curve.png"), losses,
-                              sorted(wer_points.items()))
-
-    results = dict(wer=wer, test_utterances=len(refs), epochs=epochs_run,
-                   train_seconds=train_seconds, tensorflow=tf.__version__,
-                   audio_backend=pipeline.audio_backend(), large=args.large,
-                   config=dataclasses.asdict(config), batch_size=args.batch_size,
-                   final_loss=losses[-1])
+    results = dict(test_utterances={}, wer={}, epochs=len(history["loss"]),
+                   train_seconds=train_seconds, train_cpu_seconds=time.process_time() - start_cpu,
+                   tensorflow=tf.__version__, audio_backend=pipeline.audio_backend(),
+                   large=args.large, config=dataclasses.asdict(config),
+                   batch_size=args.batch_size, tokens=args.tokens, final_loss=float(history["loss"][-1]),
+                   training_utterances=len(train_manifest[0]))
+    for name, dataset in test_ds.items():
+        wer, refs, hyps = evaluate(dataset)
+        results["wer"][name] = wer
+        results["test_utterances"][name] = len(refs)
+        print(f"held-out WER ({name}): {wer:.2%} on {len(refs)} utterances")
+        for r, h in list(zip(refs, hyps))[:3]:
+            print(f"  ref: {r}\n  hyp: {h}")
+    if args.beam_size:
+        results["wer_beam"] = {}
+        evaluate_beam = make_evaluator(model, beam_size=args.beam_size, tokenizer=tokenizer)
+        for name, dataset in test_ds.items():
+            wer, _, _ = evaluate_beam(dataset)
+            results["wer_beam"][name] = wer
+            print(f"held-out WER ({name}), beam search of {args.beam_size}: {wer:.2%}")
+    print(f"training took {train_seconds:.0f} s ({results['train_cpu_seconds']:.0f} s CPU)")
     if not args.no_export:
         import export
 
         path = os.path.join(args.out, "saved_model")
-        export.export_saved_model(model, path)
+        export.export_saved_model(model, path, tokenizer=tokenizer)
         results["saved_model"] = path
         print(f"exported the streaming SavedModel to {path}")
+        if args.tflite:
+            path = os.path.join(args.out, "streaming_step.tflite")
+            export.export_tflite(model, path, tokenizer=tokenizer)
+            results["tflite"] = path
+            print(f"exported the TFLite streaming step to {path}")
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(results, f, indent=2)
-    print(f"total time {time.time() - start:.0f} s")
+    print(f"total time {time.time() - start:.0f} s, {time.process_time() - start_cpu:.0f} s CPU")
     return results
 
 
