@@ -7,8 +7,9 @@
 # kernels + CUDA kernels for TF_RNNT_CUDA_ARCHS, default 80;86;89;90, plus PTX for the last;
 # cudart static) and packs tf_rnnt-<version>.<TF minor>-py3-none-<platform>.whl, e.g.
 # tf_rnnt-0.1.0.221 for TensorFlow 2.21. auditwheel then checks the library's external
-# references and gives the wheel its manylinux tag; libtensorflow_framework.so.2 is TensorFlow's
-# own library, loaded before the op library, so it is excluded (not copied into the wheel).
+# references and gives the wheel its manylinux tag; TensorFlow's own libraries
+# (libtensorflow_framework.so.2, and libtensorflow_cc.so.2 for the XLA kernels),
+# loaded before the op library, so they are excluded (not copied into the wheel).
 # Needs nvcc (CUDA_HOME/bin or PATH; /usr/local/cuda/bin is tried too) and network for pip.
 set -euo pipefail
 TF_MINOR=${1:?usage: scripts/build_wheel.sh <TensorFlow version, e.g. 2.21> [OUT_DIR]}
@@ -53,8 +54,9 @@ print("build_wheel.sh: build info", json.dumps(info, sort_keys=True))
 PY
 
 # Policy check and manylinux tag. `auditwheel show` alone reports linux_x86_64 because of
-# libtensorflow_framework.so.2; repair with it excluded finds the manylinux policy the rest allows.
-PATH="$work/venv/bin:$PATH" auditwheel repair --exclude libtensorflow_framework.so.2 --only-plat \
+# TensorFlow's libraries; repair with them excluded finds the manylinux policy the rest allows.
+PATH="$work/venv/bin:$PATH" auditwheel repair --exclude libtensorflow_framework.so.2 \
+  --exclude libtensorflow_cc.so.2 --only-plat \
   ${TF_RNNT_MANYLINUX:+--plat "$TF_RNNT_MANYLINUX"} -w "$work/repaired" "$raw"
 wheel=$(ls "$work"/repaired/tf_rnnt-*.whl)
 PATH="$work/venv/bin:$PATH" auditwheel show "$wheel" || true
