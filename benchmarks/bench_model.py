@@ -26,7 +26,7 @@ Every run is its own subprocess (clean peak-memory statistics; an OOM stays cont
     GPU count, after the timed runs; `--search-gpus 0,1` runs the searches side by side, one
     GPU each; `--skip-batch-search` turns it off.
 
-`--gpus 1,2` runs `model.fit` under MirroredStrategy over 1 and 2 GPUs with the same per-GPU
+`--gpus 1,2` runs `model.fit` on one GPU and under MirroredStrategy over 2 GPUs with the same per-GPU
 batch; `--workers 2` runs the custom loop of `examples/multiworker/train.py` under
 MultiWorkerMirroredStrategy in 2 local worker processes (one GPU each, TF_CONFIG on free
 localhost ports, NCCL collectives); scaling is the throughput relative to the 1-GPU (1-worker)
@@ -245,8 +245,14 @@ def run_fit(args, spec):
         if len(gpus) < spec["gpus"]:
             return {"status": f"needs {spec['gpus']} GPUs, {len(gpus)} visible"}
         devices = [f"/gpu:{i}" for i in range(spec["gpus"])]
-        strategy = tf.distribute.MirroredStrategy(devices)
-        device = f"{spec['gpus']} x GPU (MirroredStrategy)"
+        if spec["gpus"] > 1:
+            strategy = tf.distribute.MirroredStrategy(devices)
+            device = f"{spec['gpus']} x GPU (MirroredStrategy)"
+        else:
+            # One GPU: plain model.fit, as users train on one device. (Under a tf.distribute
+            # strategy Keras does not hand the logits' mask to the loss, which RNNTLoss needs.)
+            strategy = tf.distribute.get_strategy()
+            device = "1 x GPU"
     else:
         devices = []
         strategy = tf.distribute.get_strategy()

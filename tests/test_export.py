@@ -254,7 +254,12 @@ def exported(tmp_path_factory):
 def test_saved_model_in_a_process_without_tf_rnnt(exported):
     export_dir, audio_file, expected = exported
     env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
+    # Keep PYTHONPATH entries that hold other packages (e.g. TensorFlow), drop those holding
+    # tf_rnnt.
+    kept = [p for p in env.pop("PYTHONPATH", "").split(os.pathsep)
+            if p and not os.path.isdir(os.path.join(p, "tf_rnnt"))]
+    if kept:
+        env["PYTHONPATH"] = os.pathsep.join(kept)
     proc = subprocess.run([sys.executable, "-c", _CHILD, export_dir, audio_file],
                           capture_output=True, text=True, env=env, cwd=os.path.dirname(export_dir),
                           timeout=600)

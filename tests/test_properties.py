@@ -555,7 +555,10 @@ def _run_in_subprocess(code):
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.dirname(tests_dir), tests_dir, os.environ.get("PYTHONPATH", "")]))
-    result = subprocess.run([sys.executable, "-c", f"import test_properties; {code}"],
+    # Exact GEMMs on a GPU too (the conftest fixture does not reach the subprocess).
+    prelude = ("import tensorflow as tf; "
+               "tf.config.experimental.enable_tensor_float_32_execution(False); ")
+    result = subprocess.run([sys.executable, "-c", f"{prelude}import test_properties; {code}"],
                             env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, (
         f"exit status {result.returncode} (negative: killed by that signal)\n"

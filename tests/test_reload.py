@@ -80,6 +80,7 @@ _LOAD = """
     import tensorflow as tf
     import tf_rnnt
 
+    tf.config.experimental.enable_tensor_float_32_execution(False)  # exact GEMMs on a GPU
     path = sys.argv[1]
     x = np.load(path + "/inputs.npz")
     module = tf.saved_model.load(path)
