@@ -1,8 +1,10 @@
 """XLA (`jit_compile`): the ops and the Keras layer/losses inside compiled functions.
 
-With XLA kernels in the op library, each op lowers to a custom call; without them (a library
-built against TensorFlow 2.17), the Python wrappers build the reference math under XLA. Both
-paths must give the non-jit results; the oracle is `tf_rnnt.reference` (pure TF + autodiff).
+On a CPU-only machine with XLA kernels in the op library, each op lowers to a custom call; on a
+GPU (tf_rnnt's XLA kernels are CPU-only) or without them (a library built against TensorFlow
+2.17), the Python wrappers build the reference math under XLA, and `RNNTJoint` keeps Keras from
+picking XLA. All paths must give the non-jit results; the oracle is `tf_rnnt.reference` (pure
+TF + autodiff).
 """
 
 import os
@@ -130,6 +132,28 @@ def test_jit_equals_eager_and_reference(head, kwargs, device):
         target = "tf_rnnt_joint_lattice" if head == "flash" else "tf_rnnt_logits_to_lattice"
         for name in (target, target + "_grad", "tf_rnnt_lattice_loss"):
             assert f'custom_call_target="{name}"' in hlo, name
+    else:
+        with tf.device(device):
+            assert "tf_rnnt_" not in _hlo(step, args)
+
+
+@requires_gpu
+def test_gpu_jit_uses_reference_fallback_and_warns(monkeypatch):
+    """tf_rnnt's XLA kernels are CPU-only: on a GPU the ops build the reference math under XLA."""
+    assert not rnnt_ops.xla_kernels_available()
+    monkeypatch.setattr(rnnt_ops, "_XLA_WARNED", set())
+    p = _problem(4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        costs_jit, grads_jit, step = _value_and_grads(*_flash(p), True, "/GPU:0")
+    messages = " ".join(str(w.message) for w in caught)
+    assert "tf_rnnt.joint_lattice (used by" in messages and "CPU-only" in messages, messages
+    with tf.device("/GPU:0"):
+        assert "tf_rnnt_" not in _hlo(step, _flash(p)[1])
+    costs, grads, _ = _value_and_grads(*_flash(p), False, "/GPU:0")
+    _assert_close(costs_jit, costs, 1e-4, "costs")
+    for i, (g_jit, g) in enumerate(zip(grads_jit, grads)):
+        _assert_close(g_jit, g, 1e-3, f"gradient {i}")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -148,7 +172,7 @@ def test_jit_half_precision_equals_eager(dtype, device):
 
 
 @pytest.mark.skipif(not rnnt_ops.library_available() or not rnnt_ops.xla_kernels_available(),
-                    reason="op library has no XLA kernels")
+                    reason="no tf_rnnt XLA kernels here (CPU-only; none in a TF 2.17 build)")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("head", ["flash", "logits"])
 def test_jit_rejects_bad_lengths_and_labels(head, device):
@@ -218,15 +242,23 @@ class ShiftedLabels(keras.layers.Layer):
         return tf.pad(labels, [[0, 0], [1, 0]])
 
 
-class Logits(keras.layers.Layer):
-    """Full logits of an RNNTJoint, for RNNTLoss; carries the encoder's mask."""
+class PlainJoint(keras.layers.Layer):
+    """RNNTJoint's full logits in plain TensorFlow, for RNNTLoss in a model without RNNTJoint;
+    carries the encoder's mask."""
 
-    def __init__(self, joint, **kwargs):
-        super().__init__(**kwargs)
-        self.joint = joint
+    def build(self, input_shape):
+        encoder_dim, predictor_dim = input_shape[0][-1], input_shape[1][-1]
+        self.encoder_kernel = self.add_weight(name="encoder_kernel", shape=(encoder_dim, H))
+        self.encoder_bias = self.add_weight(name="encoder_bias", shape=(H,), initializer="zeros")
+        self.predictor_kernel = self.add_weight(name="predictor_kernel",
+                                                shape=(predictor_dim, H))
+        self.kernel = self.add_weight(name="kernel", shape=(H, V))
+        self.bias = self.add_weight(name="bias", shape=(V,), initializer="zeros")
 
     def call(self, inputs, mask=None):
-        return self.joint.logits(*inputs)
+        encoder = tf.einsum("btd,dh->bth", inputs[0], self.encoder_kernel) + self.encoder_bias
+        predictor = tf.einsum("bud,dh->buh", inputs[1], self.predictor_kernel)
+        return reference.joint_logits(encoder, predictor, self.kernel, self.bias, "tanh")
 
     def compute_mask(self, inputs, mask=None):
         return None if mask is None else mask[0]
@@ -240,11 +272,12 @@ def _model(head):
     encoder = keras.layers.Dense(12, activation="tanh")(encoder)
     predictor = keras.layers.Embedding(V, 10)(ShiftedLabels()(labels))
     predictor = keras.layers.Dense(10, activation="tanh")(predictor)
-    joint = RNNTJoint(V, H, name="joint")
     if head == "flash":
+        joint = RNNTJoint(V, H, name="joint")
         output, loss = joint([encoder, predictor, labels]), FlashRNNTLoss()
     else:
-        output, loss = Logits(joint)([encoder, predictor]), RNNTLoss(blank=0)
+        joint = PlainJoint(name="plain_joint")
+        output, loss = joint([encoder, predictor]), RNNTLoss(blank=0)
     model = keras.Model([features, labels], output)
     return model, keras.Model([features, labels], [encoder, predictor]), joint, loss
 
@@ -290,13 +323,16 @@ def test_keras_jit_compile_trains_like_eager(head, path, monkeypatch):
     if path == "reference_fallback":
         monkeypatch.setattr(rnnt_ops, "_XLA_KERNELS", False)
     elif not rnnt_ops.xla_kernels_available():
-        pytest.skip("op library has no XLA kernels")
+        pytest.skip("no tf_rnnt XLA kernels here (they are CPU-only; a TF 2.17 build has none)")
     loss_ref, grads_ref = _reference_step(head)
     _, loss_eager, grads_eager = _train_step(head, False)
     for jit_compile in (True, "auto"):
-        model, loss_jit, grads_jit = _train_step(head, jit_compile)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # RNNTJoint's warning without XLA kernels
+            model, loss_jit, grads_jit = _train_step(head, jit_compile)
         if jit_compile is True:
-            assert model.jit_compile is True
+            # Without XLA kernels RNNTJoint turns XLA off; RNNTLoss falls back under XLA.
+            assert model.jit_compile is (path == "xla_kernels" or head == "logits")
         assert np.isfinite(loss_jit)
         np.testing.assert_allclose(loss_jit, loss_eager, rtol=1e-5)
         np.testing.assert_allclose(loss_jit, loss_ref, rtol=1e-5)
@@ -306,18 +342,69 @@ def test_keras_jit_compile_trains_like_eager(head, path, monkeypatch):
 
 
 def test_rnnt_joint_supports_jit():
-    assert RNNTJoint(V, H).supports_jit
+    joint = RNNTJoint(V, H)
+    assert joint.supports_jit == rnnt_ops.xla_kernels_available()
+    joint.supports_jit = False
+    assert joint.supports_jit is False
+
+
+def test_rnnt_joint_without_xla_kernels_keeps_keras_off_xla(monkeypatch):
+    """Where tf_rnnt's XLA kernels do not run, RNNTJoint.supports_jit is False (one warning per
+    layer), so Keras compiles the model without XLA and keeps the fused joint."""
+    monkeypatch.setattr(rnnt_ops, "xla_kernels_available", lambda: False)
+    monkeypatch.setattr(rnnt_ops, "_XLA_WARNED", set())
+    joint = RNNTJoint(V, H, name="my_joint")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert joint.supports_jit is False
+        assert joint.supports_jit is False
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1, messages
+    assert "RNNTJoint 'my_joint'" in messages[0] and "jit_compile=False" in messages[0]
+    loss_ref, grads_ref = _reference_step("flash")
+    for jit_compile in ("auto", True):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model, loss, grads = _train_step("flash", jit_compile)
+        assert model.jit_compile is False, jit_compile
+        messages = " ".join(str(w.message) for w in caught)
+        assert "tf_rnnt.joint_lattice (used by" not in messages  # the fused op, not the fallback
+        np.testing.assert_allclose(loss, loss_ref, rtol=1e-5)
+        for i, (g, g_ref) in enumerate(zip(grads, grads_ref)):
+            _assert_close(g, g_ref, 1e-5, f"{jit_compile}: gradient {i}")
 
 
 @requires_gpu
-@pytest.mark.parametrize("head", ["flash", "logits"])
-def test_keras_auto_jit_on_gpu_trains(head):
-    """On a GPU Keras resolves jit_compile="auto" to XLA when every layer supports it."""
-    loss_ref, grads_ref = _reference_step(head)
-    model, loss_auto, grads_auto = _train_step(head, "auto")
+def test_keras_auto_jit_on_gpu_keeps_the_fused_joint():
+    """On a GPU Keras resolves jit_compile="auto" to no XLA for a model with RNNTJoint, which
+    then trains with the fused op (not the reference fallback)."""
+    loss_ref, grads_ref = _reference_step("flash")
+    for jit_compile in ("auto", True):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model, loss, grads = _train_step("flash", jit_compile)
+        messages = " ".join(str(w.message) for w in caught)
+        assert model.jit_compile is False, jit_compile
+        assert "RNNTJoint 'joint'" in messages and "CPU-only" in messages, messages
+        assert "tf_rnnt.joint_lattice (used by" not in messages
+        np.testing.assert_allclose(loss, loss_ref, rtol=1e-4)
+        for i, (g, g_ref) in enumerate(zip(grads, grads_ref)):
+            _assert_close(g, g_ref, 1e-3, f"{jit_compile}: gradient {i}")
+
+
+@requires_gpu
+def test_keras_jit_rnnt_loss_on_gpu_uses_reference_fallback(monkeypatch):
+    """RNNTLoss without RNNTJoint under jit_compile=True on a GPU: XLA, with the reference math."""
+    monkeypatch.setattr(rnnt_ops, "_XLA_WARNED", set())
+    loss_ref, grads_ref = _reference_step("logits")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, loss, grads = _train_step("logits", True)
+    messages = " ".join(str(w.message) for w in caught)
     assert model.jit_compile is True
-    np.testing.assert_allclose(loss_auto, loss_ref, rtol=1e-4)
-    for i, (g, g_ref) in enumerate(zip(grads_auto, grads_ref)):
+    assert "tf_rnnt.logits_to_lattice (used by" in messages and "CPU-only" in messages, messages
+    np.testing.assert_allclose(loss, loss_ref, rtol=1e-4)
+    for i, (g, g_ref) in enumerate(zip(grads, grads_ref)):
         _assert_close(g, g_ref, 1e-3, f"gradient {i}")
 
 
@@ -325,7 +412,7 @@ def test_library_loaded_after_the_first_xla_compilation():
     """TensorFlow registers XlaOpRegistry kernels once per process, at the first XLA
     compilation; the op library registers its XLA kernels itself, so loading it later works."""
     if not rnnt_ops.xla_kernels_available():
-        pytest.skip("op library has no XLA kernels")
+        pytest.skip("no tf_rnnt XLA kernels here (they are CPU-only; a TF 2.17 build has none)")
     script = textwrap.dedent("""
         import numpy as np, tensorflow as tf
         print(tf.function(lambda x: x * 2, jit_compile=True)(tf.ones([2])).numpy())

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 import oracle
 import tf_rnnt
+from tf_rnnt import ops as rnnt_ops
 from tf_rnnt import reference
 from tf_rnnt.keras import PAD_NODE_VALUE, FlashRNNTLoss, PredictorInput, RNNTJoint, RNNTLoss
 
@@ -255,7 +256,8 @@ def test_layer_config_round_trip():
     for key in ("vocab_size", "units", "activation", "blank", "mode", "tile_size",
                 "memory_budget", "pad_value", "name"):
         assert getattr(clone, key) == getattr(joint, key), key
-    assert clone.supports_jit  # XLA: the ops have XLA kernels, or fall back under jit_compile
+    # Keras may pick XLA only where tf_rnnt's (CPU-only) XLA kernels run the fused joint.
+    assert clone.supports_jit == rnnt_ops.xla_kernels_available()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -26,13 +26,17 @@ are never positive, so the marking is unambiguous; `FlashRNNTLoss` reads the len
 loss, holds `2 + blank`, so a loss given another blank fails. Lattices built without
 `RNNTJoint` (e.g. with `tf_rnnt.joint_lattice`) are marked with `mark_lattice_padding`.
 
-XLA: `model.compile(jit_compile=True)` (and Keras' "auto", which turns XLA on for a GPU model)
-compiles the whole training step, these layers and losses included: the op library's XLA
-kernels lower each op to an XLA custom call running the same CPU/CUDA code. A library built
-against a TensorFlow without the XLA FFI (2.17) has no XLA kernels; under XLA the ops then use
-the pure-TensorFlow reference math, and `RNNTJoint` materializes the full logits (a warning
-names the op).
+XLA: tf_rnnt's XLA kernels are CPU-only. On a CPU-only machine `model.compile(jit_compile=True)`
+compiles the whole training step, these layers and losses included, and each op lowers to an
+XLA custom call running the same CPU code. On a GPU (or with a library built against a
+TensorFlow without the XLA FFI, 2.17, which has no XLA kernels) `RNNTJoint.supports_jit` is
+False, so Keras compiles a model with an `RNNTJoint` without XLA, under "auto" and
+`jit_compile=True` alike (a warning names the layer), and the fused joint stays. Under XLA
+without usable kernels (e.g. a `tf.function(jit_compile=True)`, or `RNNTLoss` without
+`RNNTJoint`) the ops use the pure-TensorFlow reference math (a warning names the op).
 """
+
+import warnings
 
 import keras
 import tensorflow as tf
@@ -187,6 +191,35 @@ class RNNTJoint(keras.layers.Layer):
         self.tile_size = tile_size
         self.memory_budget = memory_budget
         self.pad_value = _check_pad_value(pad_value, self._blank_id, vocab_size, "RNNTJoint")
+        self._jit_warned = False
+
+    @property
+    def supports_jit(self):
+        """Whether Keras may compile a model with this layer under XLA (read by `model.compile`).
+
+        True exactly when `tf_rnnt.xla_kernels_available()`: tf_rnnt's XLA kernels are CPU-only.
+        Elsewhere XLA would replace the fused joint by the reference math on the full
+        `[B, T, U+1, V]` logits, so this is False, Keras compiles the model without XLA, and the
+        first read warns.
+        """
+        if not self._jit_allowed:
+            return False
+        ops = _ops()
+        if ops.xla_kernels_available():
+            return True
+        if not self._jit_warned:
+            self._jit_warned = True
+            warnings.warn(
+                f"RNNTJoint '{self.name}': {ops._no_xla_kernels_reason()}, so Keras compiles "
+                "this model without XLA, also under jit_compile=True (XLA would replace the "
+                "fused joint by the full [B, T, U+1, V] logits). jit_compile=False keeps the "
+                "fused joint.", stacklevel=2)
+        return False
+
+    @supports_jit.setter
+    def supports_jit(self, value):
+        # keras.layers.Layer.__init__ assigns True; assigning False turns XLA off for good.
+        self._jit_allowed = bool(value)
 
     def loss(self, **kwargs):
         """A `FlashRNNTLoss` with this layer's blank and pad_value.

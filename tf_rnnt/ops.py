@@ -46,26 +46,38 @@ _XLA_WARNED = set()
 
 
 def xla_kernels_available():
-    """True when the loaded op library has XLA kernels for every visible device kind.
+    """True when tf_rnnt's XLA kernels compile the ops here: no GPU is visible and the loaded op
+    library has XLA kernels.
 
-    The build adds them against a TensorFlow whose wheel ships the XLA FFI (2.21: yes, 2.17: no),
-    for the CPU, and for the GPU when it builds the CUDA kernels.
+    The build adds XLA kernels for the CPU only, and only against a TensorFlow whose wheel ships
+    the XLA FFI (2.21: yes, 2.17: no). Where this is False, the ops fall back to the
+    pure-TensorFlow reference math under XLA (`jit_compile=True`).
     """
     global _XLA_KERNELS
     with _XLA_LOCK:
         if _XLA_KERNELS is None:
-            _lib()
-            kernels = _kernels.get_registered_kernels_for_op("TfRnntLatticeLoss").kernel
-            devices = {k.device_type for k in kernels}
-            needed = {"XLA_CPU_JIT"}
-            if tf.config.list_physical_devices("GPU"):
-                needed.add("XLA_GPU_JIT")
-            _XLA_KERNELS = needed <= devices
+            _XLA_KERNELS = (not tf.config.list_physical_devices("GPU")
+                            and "XLA_CPU_JIT" in _registered_kernel_devices())
         return _XLA_KERNELS
 
 
+def _registered_kernel_devices():
+    _lib()
+    kernels = _kernels.get_registered_kernels_for_op("TfRnntLatticeLoss").kernel
+    return {k.device_type for k in kernels}
+
+
+def _no_xla_kernels_reason():
+    """Why `xla_kernels_available()` is False, as a clause for messages."""
+    if tf.config.list_physical_devices("GPU"):
+        return "tf_rnnt's XLA kernels are CPU-only and a GPU is visible"
+    return ("this op library has no XLA kernels (it was built against a TensorFlow without the "
+            "XLA FFI, e.g. 2.17)")
+
+
 def _xla_fallback(op_name, users, consequence):
-    """True when tracing for XLA (`jit_compile=True`) with an op library that has no XLA kernels.
+    """True when tracing for XLA (`jit_compile=True`) where tf_rnnt's XLA kernels are not usable
+    (a visible GPU, or a library without XLA kernels).
 
     The caller then builds the pure-TensorFlow reference math instead of the compiled op, so the
     model still compiles; one warning per op says so.
@@ -77,8 +89,7 @@ def _xla_fallback(op_name, users, consequence):
         if op_name not in _XLA_WARNED:
             _XLA_WARNED.add(op_name)
             warnings.warn(
-                f"tf_rnnt.{op_name} (used by {users}): this op library has no XLA kernels (it "
-                f"was built against a TensorFlow without the XLA FFI, e.g. 2.17), so under "
+                f"tf_rnnt.{op_name} (used by {users}): {_no_xla_kernels_reason()}, so under "
                 f"jit_compile tf_rnnt uses the pure-TensorFlow reference instead. {consequence}",
                 stacklevel=3)
     return True
@@ -277,8 +288,11 @@ def joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, label
     If the workspace cannot be allocated the op halves the tile, down to 1024 nodes, then
     raises ResourceExhaustedError.
 
-    Under XLA (`jit_compile=True`) the op lowers to a custom call on the same kernels and always
-    runs tiled (mode="untiled" keeps nothing there).
+    Under XLA (`jit_compile=True`) on a CPU-only machine the op lowers to a custom call on the
+    same CPU kernels and always runs tiled (mode="untiled" keeps nothing there). tf_rnnt's XLA
+    kernels are CPU-only: on a GPU (or with a library built against TensorFlow 2.17, which has
+    none) the op falls back under XLA to the pure-TensorFlow reference, which materializes the
+    full `[B, T, U+1, V]` logits; compile with `jit_compile=False` to keep the fused joint.
 
     GEMMs run in the input dtype with float32 accumulation (TF32 when TensorFlow allows it,
     `tf.config.experimental.enable_tensor_float_32_execution`); log-sum-exp and the lattice
@@ -329,9 +343,8 @@ def _joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, labe
     contract.check_joint_dims(encoder, predictor, kernel, bias, labels, logit_lengths,
                               label_lengths, owner)
     if _xla_fallback("joint_lattice", "keras.RNNTJoint", "It materializes the full "
-                     "[B, T, U+1, V] logits: rebuild the library against TensorFlow 2.21 "
-                     "for XLA kernels, or compile the model with jit_compile=False to keep the "
-                     "fused, tiled joint."):
+                     "[B, T, U+1, V] logits: compile the model with jit_compile=False to keep "
+                     "the fused, tiled joint."):
         lattice = _reference.joint_lattice(encoder, predictor, kernel, bias, labels,
                                            attrs["blank"], activation)
         return _valid_node_mask(lattice, logit_lengths, label_lengths)

@@ -1,20 +1,18 @@
-// XLA support: each op (and gradient op) lowers to an XLA custom call ("typed FFI" API) whose
-// handlers, registered below for the Host and CUDA platforms, call the same core launchers as
-// the TensorFlow kernels. The kernels are registered for the XLA_CPU_JIT / XLA_GPU_JIT devices
-// directly in TensorFlow's kernel registry (not through XlaOpRegistry, whose kernels are only
-// registered once per process and would miss a library loaded after the first compilation).
+// XLA support on the CPU: each op (and gradient op) lowers to an XLA custom call ("typed FFI"
+// API) whose Host handler calls the same core launchers as the TensorFlow kernels. The kernels are
+// registered for the XLA_CPU_JIT device only (on the GPU, tf_rnnt.ops falls back to its pure-TF
+// reference math under XLA), directly in TensorFlow's kernel registry (not through
+// XlaOpRegistry, whose kernels are only registered once per process and would miss a library
+// loaded after the first compilation).
 //
 // Under XLA every buffer has a static shape: the joint's packed log-sum-exp gets B * T * U1
 // entries (the first num_nodes are used), it always runs tiled (mode="untiled" keeps nothing),
-// and workspaces come from XLA (the FFI scratch allocator on the GPU). Lengths and labels are
-// validated on the host; on the GPU they are copied to the host on the op's stream, which
-// synchronizes it (the joint also needs the host lengths to plan its tiles).
+// and lengths and labels are validated by the handlers.
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -32,10 +30,6 @@
 #include "xla/hlo/builder/xla_builder.h"
 #include "xla/shape_util.h"
 
-#if TF_RNNT_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
 extern "C" const XLA_FFI_Api* XLA_FFI_GetApi();
 
 namespace tf_rnnt {
@@ -46,7 +40,6 @@ using ::tensorflow::XlaOpKernel;
 using ::tensorflow::XlaOpKernelContext;
 using ::tensorflow::errors::InvalidArgument;
 
-constexpr int64_t kDefaultGpuMemoryBudget = 256LL << 20;
 constexpr int64_t kDefaultCpuMemoryBudget = 64LL << 20;
 
 // ------------------------------------------------------------------ lowering helpers
@@ -345,9 +338,6 @@ class JointLatticeGradXla : public XlaOpKernel {
       JointLatticeGradXla);
 
 TF_RNNT_XLA_KERNELS(::tensorflow::DEVICE_CPU_XLA_JIT)
-#if TF_RNNT_WITH_CUDA
-TF_RNNT_XLA_KERNELS(::tensorflow::DEVICE_GPU_XLA_JIT)
-#endif
 
 // ------------------------------------------------------------------ custom-call handlers
 ffi::Error invalid(const std::string& message) { return ffi::Error::InvalidArgument(message); }
@@ -457,16 +447,12 @@ ParallelFor pool_parallel_for(ffi::ThreadPool* pool) {
 }
 
 int64_t tile_nodes_for(const JointShape& shape, const JointOptions& options, int64_t num_nodes,
-                       int64_t tile_attr, int64_t budget_attr, bool gpu) {
+                       int64_t tile_attr, int64_t budget_attr) {
   if (num_nodes == 0) return 1;
   if (tile_attr > 0) return std::min(tile_attr, num_nodes);
-  const int64_t budget = budget_attr > 0 ? budget_attr
-                         : gpu           ? kDefaultGpuMemoryBudget
-                                         : kDefaultCpuMemoryBudget;
+  const int64_t budget = budget_attr > 0 ? budget_attr : kDefaultCpuMemoryBudget;
   auto bytes = [&](int64_t nodes) {
-    return static_cast<int64_t>(
-        gpu ? joint_workspace_bytes_cuda(shape, options, nodes, true, false)
-            : joint_workspace_bytes_cpu(shape, options, nodes, true, false));
+    return static_cast<int64_t>(joint_workspace_bytes_cpu(shape, options, nodes, true, false));
   };
   const int64_t per_node = (bytes(2048) - bytes(1024)) / 1024;
   return std::max<int64_t>(1, std::min(num_nodes, budget / std::max<int64_t>(per_node, 1)));
@@ -498,7 +484,7 @@ ffi::Error joint_config(ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer 
   return ffi::Error::Success();
 }
 
-// The inputs both joint passes read, on the handler's device; in.host is left to the caller.
+// The inputs both joint passes read; in.host is left to the caller.
 JointInputs joint_inputs(ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer kernel,
                          ffi::AnyBuffer bias, ffi::Buffer<ffi::S32> labels,
                          ffi::Buffer<ffi::S32> logit_lengths, ffi::Buffer<ffi::S32> label_lengths) {
@@ -535,7 +521,6 @@ ffi::Error out_of_memory(size_t bytes, int64_t tile) {
                         "smaller batch.");
 }
 
-// ---- Host
 ffi::Error lattice_loss_host(ffi::Buffer<ffi::F32> lattice, ffi::Buffer<ffi::S32> logit_lengths,
                              ffi::Buffer<ffi::S32> label_lengths, ffi::ResultBuffer<ffi::F32> costs,
                              ffi::ResultBuffer<ffi::F32> grads, float fastemit_lambda, float clamp,
@@ -615,8 +600,7 @@ struct HostJointPlan {
     if (err.failure()) return err;
     in = joint_inputs(enc, pred, kernel, bias, labels, logit_lengths, label_lengths);
     in.host = host_plan(in.logit_lengths, in.label_lengths, shape.B, &offsets);
-    in.host.tile_nodes =
-        tile_nodes_for(shape, options, in.host.num_nodes, tile_attr, budget_attr, false);
+    in.host.tile_nodes = tile_nodes_for(shape, options, in.host.num_nodes, tile_attr, budget_attr);
     const size_t bytes = std::max<size_t>(
         1, joint_workspace_bytes_cpu(shape, options, in.host.tile_nodes, backward, false));
     workspace.reset(new (std::nothrow) char[bytes]);
@@ -735,263 +719,6 @@ XLA_FFI_DEFINE_HANDLER(kJointLatticeGradHost, joint_lattice_grad_host,
                            .Ret<ffi::AnyBuffer>()
                            .TF_RNNT_JOINT_FFI_ATTRS.Ctx<ffi::ThreadPool>());
 
-// ---- CUDA
-#if TF_RNNT_WITH_CUDA
-using CudaStream = cudaStream_t;
-
-ffi::Error cuda_error(cudaError_t e, const char* op) {
-  return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorName(e));
-}
-
-struct HostCopy {
-  const int32_t* device;
-  size_t count;
-  std::vector<int32_t>* host;
-};
-
-// Copies device int32 buffers to the host and waits for the stream (one synchronization for all).
-ffi::Error to_host(std::initializer_list<HostCopy> copies, CudaStream stream, const char* op) {
-  for (const HostCopy& c : copies) {
-    c.host->resize(c.count);
-    if (c.count == 0) continue;
-    const cudaError_t e = cudaMemcpyAsync(c.host->data(), c.device, c.count * sizeof(int32_t),
-                                          cudaMemcpyDeviceToHost, stream);
-    if (e != cudaSuccess) return cuda_error(e, op);
-  }
-  const cudaError_t e = cudaStreamSynchronize(stream);
-  return e == cudaSuccess ? ffi::Error::Success() : cuda_error(e, op);
-}
-
-ffi::Error scratch(ffi::ScratchAllocator& alloc, size_t bytes, void** ptr, const char* what) {
-  auto p = alloc.Allocate(std::max<size_t>(bytes, 1), 256);
-  if (!p.has_value()) {
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                      std::string("could not allocate ") + std::to_string(bytes) + " bytes for " +
-                          what + ". Use a smaller tile_size or memory_budget, or a smaller batch.");
-  }
-  *ptr = *p;
-  return ffi::Error::Success();
-}
-
-ffi::Error lattice_loss_cuda_ffi(CudaStream stream, ffi::ScratchAllocator alloc,
-                                 ffi::Buffer<ffi::F32> lattice, ffi::Buffer<ffi::S32> logit_lengths,
-                                 ffi::Buffer<ffi::S32> label_lengths,
-                                 ffi::ResultBuffer<ffi::F32> costs,
-                                 ffi::ResultBuffer<ffi::F32> grads, float fastemit_lambda,
-                                 float clamp) {
-  const auto d = lattice.dimensions();
-  const int64_t B = d[0], T = d[1], U1 = d[2];
-  std::vector<int32_t> logit, label;
-  ffi::Error err = to_host({{logit_lengths.typed_data(), static_cast<size_t>(B), &logit},
-                            {label_lengths.typed_data(), static_cast<size_t>(B), &label}},
-                           stream, "lattice_loss");
-  if (err.failure()) return err;
-  err = check_lengths(logit.data(), label.data(), B, T, U1 - 1);
-  if (err.failure() || B == 0) return err;
-  void *alphas, *betas;
-  const size_t bytes = sizeof(float) * B * T * U1;
-  if ((err = scratch(alloc, bytes, &alphas, "lattice_loss alphas")).failure()) return err;
-  if ((err = scratch(alloc, bytes, &betas, "lattice_loss betas")).failure()) return err;
-  LatticeLossOptions options;
-  options.fastemit_lambda = fastemit_lambda;
-  options.clamp = clamp;
-  return from_core(lattice_loss_cuda(
-                       lattice.typed_data(), logit_lengths.typed_data(), label_lengths.typed_data(),
-                       B, T, U1, options, costs->typed_data(), grads->typed_data(),
-                       static_cast<float*>(alphas), static_cast<float*>(betas), stream),
-                   "lattice_loss");
-}
-
-ffi::Error logits_to_lattice_cuda_ffi(CudaStream stream, ffi::AnyBuffer logits,
-                                      ffi::Buffer<ffi::S32> labels,
-                                      ffi::Buffer<ffi::S32> label_lengths,
-                                      ffi::ResultBuffer<ffi::F32> lattice,
-                                      ffi::ResultBuffer<ffi::F32> lse, int64_t blank,
-                                      int64_t validate) {
-  const auto d = logits.dimensions();
-  const int64_t B = d[0], T = d[1], U1 = d[2], V = d[3];
-  DType dtype;
-  if (!core_dtype(logits.element_type(), &dtype))
-    return invalid("logits_to_lattice: unsupported dtype");
-  if (validate) {
-    std::vector<int32_t> lab, len;
-    ffi::Error err = to_host({{label_lengths.typed_data(), static_cast<size_t>(B), &len},
-                              {labels.typed_data(), static_cast<size_t>(B * (U1 - 1)), &lab}},
-                             stream, "logits_to_lattice");
-    if (err.failure()) return err;
-    err = check_lengths(nullptr, len.data(), B, T, U1 - 1);
-    if (err.failure()) return err;
-    err = check_labels(lab.data(), len.data(), B, U1 - 1, V, blank);
-    if (err.failure()) return err;
-  }
-  return from_core(
-      logits_to_lattice_cuda(logits.untyped_data(), dtype, labels.typed_data(), B, T, U1, V, blank,
-                             lattice->typed_data(), lse->typed_data(), stream),
-      "logits_to_lattice");
-}
-
-ffi::Error logits_to_lattice_grad_cuda_ffi(CudaStream stream, ffi::AnyBuffer logits,
-                                           ffi::Buffer<ffi::S32> labels, ffi::Buffer<ffi::F32> lse,
-                                           ffi::Buffer<ffi::F32> d_lattice,
-                                           ffi::Result<ffi::AnyBuffer> d_logits, int64_t blank) {
-  const auto d = logits.dimensions();
-  DType dtype;
-  if (!core_dtype(logits.element_type(), &dtype))
-    return invalid("logits_to_lattice: unsupported dtype");
-  return from_core(
-      logits_to_lattice_grad_cuda(logits.untyped_data(), dtype, labels.typed_data(), d[0], d[1],
-                                  d[2], d[3], blank, lse.typed_data(), d_lattice.typed_data(),
-                                  d_logits->untyped_data(), stream),
-      "logits_to_lattice gradient");
-}
-
-// Host lengths (checked), host plan, tile and workspace for the GPU joint (the launchers compute
-// the device node offsets in the workspace).
-struct GpuJointPlan {
-  JointShape shape;
-  JointOptions options;
-  std::vector<int32_t> logit, label;
-  std::vector<int64_t> offsets;
-  JointInputs in;
-  void* workspace = nullptr;
-
-  ffi::Error init(CudaStream stream, ffi::ScratchAllocator& alloc, ffi::AnyBuffer enc,
-                  ffi::AnyBuffer pred, ffi::AnyBuffer kernel, ffi::AnyBuffer bias,
-                  ffi::Buffer<ffi::S32> labels, ffi::Buffer<ffi::S32> logit_lengths,
-                  ffi::Buffer<ffi::S32> label_lengths, int64_t blank, int64_t activation,
-                  int64_t tile_attr, int64_t budget_attr, int64_t allow_tf32, bool backward) {
-    const int64_t B = enc.dimensions()[0], U = pred.dimensions()[1] - 1;
-    const char* op = backward ? "joint_lattice gradient" : "joint_lattice";
-    // The backward pass needs no labels on the host (the forward pass checked them).
-    std::vector<int32_t> host_labels;
-    const size_t b = static_cast<size_t>(B);
-    ffi::Error err =
-        backward ? to_host({{logit_lengths.typed_data(), b, &logit},
-                            {label_lengths.typed_data(), b, &label}},
-                           stream, op)
-                 : to_host({{logit_lengths.typed_data(), b, &logit},
-                            {label_lengths.typed_data(), b, &label},
-                            {labels.typed_data(), b * static_cast<size_t>(U), &host_labels}},
-                           stream, op);
-    if (err.failure()) return err;
-    err = joint_config(enc, pred, kernel, blank, activation, allow_tf32, logit.data(), label.data(),
-                       backward ? nullptr : host_labels.data(), &shape, &options);
-    if (err.failure()) return err;
-    in = joint_inputs(enc, pred, kernel, bias, labels, logit_lengths, label_lengths);
-    in.host = host_plan(logit.data(), label.data(), shape.B, &offsets);
-    // Halve the tile while the workspace cannot be allocated, down to 1024 nodes.
-    int64_t tile = tile_nodes_for(shape, options, in.host.num_nodes, tile_attr, budget_attr, true);
-    for (;;) {
-      const size_t bytes = joint_workspace_bytes_cuda(shape, options, tile, backward, false);
-      auto p = alloc.Allocate(std::max<size_t>(bytes, 1), 256);
-      if (p.has_value()) {
-        workspace = *p;
-        in.host.tile_nodes = tile;
-        return ffi::Error::Success();
-      }
-      if (tile <= 1024) return out_of_memory(bytes, tile);
-      tile /= 2;
-    }
-  }
-};
-
-ffi::Error joint_lattice_cuda_ffi(
-    CudaStream stream, ffi::ScratchAllocator alloc, ffi::AnyBuffer enc, ffi::AnyBuffer pred,
-    ffi::AnyBuffer kernel, ffi::AnyBuffer bias, ffi::Buffer<ffi::S32> labels,
-    ffi::Buffer<ffi::S32> logit_lengths, ffi::Buffer<ffi::S32> label_lengths,
-    ffi::ResultBuffer<ffi::F32> lattice, ffi::ResultBuffer<ffi::F32> lse, int64_t blank,
-    int64_t activation, int64_t tile_attr, int64_t budget_attr, int64_t allow_tf32) {
-  GpuJointPlan plan;
-  ffi::Error err =
-      plan.init(stream, alloc, enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank,
-                activation, tile_attr, budget_attr, allow_tf32, false);
-  if (err.failure()) return err;
-  JointForwardArgs a;
-  a.in = plan.in;
-  a.workspace = plan.workspace;
-  a.lattice = lattice->typed_data();
-  a.lse = lse->typed_data();
-  return from_core(joint_forward_cuda(plan.shape, plan.options, a, stream), "joint_lattice");
-}
-
-ffi::Error joint_lattice_grad_cuda_ffi(
-    CudaStream stream, ffi::ScratchAllocator alloc, ffi::AnyBuffer enc, ffi::AnyBuffer pred,
-    ffi::AnyBuffer kernel, ffi::AnyBuffer bias, ffi::Buffer<ffi::S32> labels,
-    ffi::Buffer<ffi::S32> logit_lengths, ffi::Buffer<ffi::S32> label_lengths,
-    ffi::Buffer<ffi::F32> lse, ffi::Buffer<ffi::F32> d_lattice, ffi::Result<ffi::AnyBuffer> d_enc,
-    ffi::Result<ffi::AnyBuffer> d_pred, ffi::Result<ffi::AnyBuffer> d_kernel,
-    ffi::Result<ffi::AnyBuffer> d_bias, int64_t blank, int64_t activation, int64_t tile_attr,
-    int64_t budget_attr, int64_t allow_tf32) {
-  GpuJointPlan plan;
-  ffi::Error err =
-      plan.init(stream, alloc, enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank,
-                activation, tile_attr, budget_attr, allow_tf32, true);
-  if (err.failure()) return err;
-  JointBackwardArgs a;
-  a.in = plan.in;
-  a.workspace = plan.workspace;
-  a.lse = lse.typed_data();
-  a.d_lattice = d_lattice.typed_data();
-  // The launcher writes the gradients in the input dtype.
-  a.d_encoder = d_enc->untyped_data();
-  a.d_predictor = d_pred->untyped_data();
-  a.d_kernel = d_kernel->untyped_data();
-  a.d_bias = d_bias->untyped_data();
-  return from_core(joint_backward_cuda(plan.shape, plan.options, a, stream),
-                   "joint_lattice gradient");
-}
-
-#define TF_RNNT_CUDA_CTX Ctx<ffi::PlatformStream<CudaStream>>()
-
-XLA_FFI_DEFINE_HANDLER(kLatticeLossCuda, lattice_loss_cuda_ffi,
-                       ffi::Ffi::Bind()
-                           .TF_RNNT_CUDA_CTX.Ctx<ffi::ScratchAllocator>()
-                           .Arg<ffi::Buffer<ffi::F32>>()
-                           .Arg<ffi::Buffer<ffi::S32>>()
-                           .Arg<ffi::Buffer<ffi::S32>>()
-                           .Ret<ffi::Buffer<ffi::F32>>()
-                           .Ret<ffi::Buffer<ffi::F32>>()
-                           .Attr<float>("fastemit_lambda")
-                           .Attr<float>("clamp"));
-
-XLA_FFI_DEFINE_HANDLER(kLogitsToLatticeCuda, logits_to_lattice_cuda_ffi,
-                       ffi::Ffi::Bind()
-                           .TF_RNNT_CUDA_CTX.Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::Buffer<ffi::S32>>()
-                           .Arg<ffi::Buffer<ffi::S32>>()
-                           .Ret<ffi::Buffer<ffi::F32>>()
-                           .Ret<ffi::Buffer<ffi::F32>>()
-                           .Attr<int64_t>("blank")
-                           .Attr<int64_t>("validate"));
-
-XLA_FFI_DEFINE_HANDLER(kLogitsToLatticeGradCuda, logits_to_lattice_grad_cuda_ffi,
-                       ffi::Ffi::Bind()
-                           .TF_RNNT_CUDA_CTX.Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::Buffer<ffi::S32>>()
-                           .Arg<ffi::Buffer<ffi::F32>>()
-                           .Arg<ffi::Buffer<ffi::F32>>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Attr<int64_t>("blank"));
-
-XLA_FFI_DEFINE_HANDLER(kJointLatticeCuda, joint_lattice_cuda_ffi,
-                       ffi::Ffi::Bind()
-                           .TF_RNNT_CUDA_CTX.Ctx<ffi::ScratchAllocator>()
-                           .TF_RNNT_JOINT_FFI_INPUTS.Ret<ffi::Buffer<ffi::F32>>()
-                           .Ret<ffi::Buffer<ffi::F32>>()
-                           .TF_RNNT_JOINT_FFI_ATTRS);
-
-XLA_FFI_DEFINE_HANDLER(kJointLatticeGradCuda, joint_lattice_grad_cuda_ffi,
-                       ffi::Ffi::Bind()
-                           .TF_RNNT_CUDA_CTX.Ctx<ffi::ScratchAllocator>()
-                           .TF_RNNT_JOINT_FFI_INPUTS.Arg<ffi::Buffer<ffi::F32>>()
-                           .Arg<ffi::Buffer<ffi::F32>>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()
-                           .TF_RNNT_JOINT_FFI_ATTRS);
-#endif  // TF_RNNT_WITH_CUDA
-
 // ------------------------------------------------------------------ registration
 void register_handler(const XLA_FFI_Api* api, const char* name, const char* platform,
                       XLA_FFI_Handler* handler) {
@@ -1024,13 +751,6 @@ const bool kHandlersRegistered = [] {
   register_handler(api, "tf_rnnt_logits_to_lattice_grad", "Host", kLogitsToLatticeGradHost);
   register_handler(api, "tf_rnnt_joint_lattice", "Host", kJointLatticeHost);
   register_handler(api, "tf_rnnt_joint_lattice_grad", "Host", kJointLatticeGradHost);
-#if TF_RNNT_WITH_CUDA
-  register_handler(api, "tf_rnnt_lattice_loss", "CUDA", kLatticeLossCuda);
-  register_handler(api, "tf_rnnt_logits_to_lattice", "CUDA", kLogitsToLatticeCuda);
-  register_handler(api, "tf_rnnt_logits_to_lattice_grad", "CUDA", kLogitsToLatticeGradCuda);
-  register_handler(api, "tf_rnnt_joint_lattice", "CUDA", kJointLatticeCuda);
-  register_handler(api, "tf_rnnt_joint_lattice_grad", "CUDA", kJointLatticeGradCuda);
-#endif
   return true;
 }();
 
