@@ -49,6 +49,8 @@ _SAVE = """
     import oracle
     import tf_rnnt
 
+    # Exact GEMMs on a GPU: the joint op takes TensorFlow's TF32 setting when it is traced.
+    tf.config.experimental.enable_tensor_float_32_execution(False)
     encoder, predictor, kernel, bias, labels, t_len, u_len = oracle.float32_joint_problem(
         5, (2, 4, 2, 3, 5))
     logits = oracle.joint_logits(encoder, predictor, kernel, bias).astype(np.float32)

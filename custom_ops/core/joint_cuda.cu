@@ -585,7 +585,7 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
   node_offsets_kernel<<<1, 1, 0, stream>>>(in.logit_lengths, in.label_lengths, s.B, buf.offsets);
   RETURN_IF_ERROR(cuda_status(
       cudaMemsetAsync(buf.d_kernel, 0, sizeof(float) * static_cast<size_t>(Hz) * Vp, stream)));
-  const int h_threads = H >= 128 ? 128 : ((H + 31) / 32) * 32;
+  const int h_threads = H >= 128 ? 128 : std::max(32, (H + 31) / 32 * 32);
   const int h_slices = (H + h_threads - 1) / h_threads;
   for (int64_t n0 = 0; n0 < host.num_nodes; n0 += tile) {
     const int64_t rows = std::min(tile, host.num_nodes - n0);
@@ -625,12 +625,14 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
     const int columns = 32 * (paired ? kPair : 1);
     const dim3 grid(static_cast<unsigned>(tp.chunks), (H + columns - 1) / columns);
     auto hidden_grads = paired ? hidden_grads_kernel<T, kPair> : hidden_grads_kernel<T, 1>;
-    hidden_grads<<<grid, 32 * kGradWarps, 0, stream>>>(
-        n0, rows, tp.span, d_hidden, encoder, predictor, buf.offsets, in.logit_lengths,
-        in.label_lengths, s.T, s.U1, H, Hz, o.activation, acc.d_encoder, buf.partials);
-    predictor_grad_kernel<<<dim3(static_cast<unsigned>(tp.label_pairs), h_slices), h_threads, 0,
-                            stream>>>(tp.span, buf.partials, in.logit_lengths, in.label_lengths,
-                                      s.U1, H, acc.d_predictor);
+    if (H > 0) {  // H = 0: d encoder and d predictor are empty (and a zero grid is invalid)
+      hidden_grads<<<grid, 32 * kGradWarps, 0, stream>>>(
+          n0, rows, tp.span, d_hidden, encoder, predictor, buf.offsets, in.logit_lengths,
+          in.label_lengths, s.T, s.U1, H, Hz, o.activation, acc.d_encoder, buf.partials);
+      predictor_grad_kernel<<<dim3(static_cast<unsigned>(tp.label_pairs), h_slices), h_threads, 0,
+                              stream>>>(tp.span, buf.partials, in.logit_lengths, in.label_lengths,
+                                        s.U1, H, acc.d_predictor);
+    }
     RETURN_IF_ERROR(last_launch_status());
   }
   unpad_grad_kernel<<<blocks_for(static_cast<int64_t>(H + 1) * V, 256), 256, 0, stream>>>(
