@@ -68,6 +68,9 @@ def _imported_distribution():
     except importlib.metadata.PackageNotFoundError:
         return None
     package_dir = os.path.dirname(os.path.abspath(tf_rnnt.__file__))
+    override = os.environ.get("TF_RNNT_LIBRARY")
+    if override and not os.path.samefile(os.path.dirname(os.path.abspath(override)), package_dir):
+        return None  # the metadata describes another build than the library in use
     installed = dist.locate_file("tf_rnnt/__init__.py")
     if os.path.exists(installed) and os.path.samefile(installed, tf_rnnt.__file__):
         return dist
@@ -153,10 +156,10 @@ _FAKE_GPU = """
             return [tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")]
         return real_list(device_type)
     tf.config.list_physical_devices = fake_list
-    import tf_rnnt
-    from tf_rnnt import _loader
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        import tf_rnnt  # loads the library (and warns) at import
+        from tf_rnnt import _loader
         for _ in range(2):
             lattice = tf.constant(np.full((1, 2, 2, 2), -0.7, np.float32))
             tf_rnnt.lattice_loss(lattice, tf.constant([2]), tf.constant([1]))

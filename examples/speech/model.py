@@ -93,7 +93,9 @@ class StreamingEncoder(keras.layers.Layer):
 
     def adapt_features(self, features):
         """Sets the feature statistics from a `tf.data.Dataset` of `[1, T, F]` features."""
-        self.feature_norm.adapt(features)
+        # Some audio decoders (tensorflow-io) leave the rank unknown; adapt needs it.
+        bins = self.num_mel_bins
+        self.feature_norm.adapt(features.map(lambda x: tf.ensure_shape(x, [None, None, bins])))
 
     def set_feature_statistics(self, mean, std):
         """Sets the per-bin feature statistics directly (`[F]` mean and standard deviation)."""
