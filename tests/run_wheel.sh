@@ -2,7 +2,7 @@
 # Wheel job: builds the binary wheel for TensorFlow 2.21 (scripts/build_wheel.sh: CUDA kernels
 # for sm_80/86/89/90 + PTX), installs it with its `tensorflow` extra into a clean virtualenv,
 # and, with no nvcc on PATH, checks its build record and GPU kernel registrations and runs the
-# CPU test suite against the installed wheel: the tests (and the examples test_export imports)
+# CPU test suite against the installed wheel: the tests (with the examples and benchmarks they run)
 # are copied to a scratch directory that has no tf_rnnt/ source package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +24,7 @@ wheel=$(ls "$work"/dist/tf_rnnt-*.whl)
 no_nvcc_path=$(echo "$PATH" | tr ':' '\n' | while read -r dir; do
   [ -n "$dir" ] && [ ! -e "$dir/nvcc" ] && printf '%s:' "$dir"; done)
 mkdir "$work/run"
-cp -r tests examples "$work/run/"
+cp -r tests examples benchmarks "$work/run/"
 cd "$work/run"
 env -u CUDA_HOME -u CUDA_PATH -u PYTHONPATH -u TF_RNNT_LIBRARY PATH="$work/venv/bin:$no_nvcc_path" \
   TF_RNNT_EXPECT_WHEEL=1 bash -c '
