@@ -1,21 +1,24 @@
-// XLA support on the CPU: each op (and gradient op) lowers to an XLA custom call ("typed FFI"
-// API) whose Host handler calls the same core launchers as the TensorFlow kernels. The kernels are
-// registered for the XLA_CPU_JIT device only (on the GPU, tf_rnnt.ops falls back to its pure-TF
-// reference math under XLA), directly in TensorFlow's kernel registry (not through
-// XlaOpRegistry, whose kernels are only registered once per process and would miss a library
-// loaded after the first compilation).
+// XLA support: each op (and gradient op) lowers to an XLA custom call ("typed FFI" API) whose
+// handlers, registered below for the Host and CUDA platforms, call the same core launchers as
+// the TensorFlow kernels. The kernels are registered for the XLA_CPU_JIT / XLA_GPU_JIT devices
+// directly in TensorFlow's kernel registry (not through XlaOpRegistry, whose kernels are only
+// registered once per process and would miss a library loaded after the first compilation).
 //
 // Under XLA every buffer has a static shape: the joint's packed log-sum-exp gets B * T * U1
-// entries (the first num_nodes are used), it always runs tiled (mode="untiled" keeps nothing),
-// and lengths and labels are validated by the handlers.
+// entries (the first num_nodes are used), and it always runs tiled (mode="untiled" keeps
+// nothing). Workspaces are an extra u8 result of each custom call, so XLA allocates them with
+// its other buffers (its GPU scratch allocator refuses even small requests); the joint's is
+// sized for all B * T * U1 nodes valid, an upper bound of the tile the handler plans. Lengths
+// and labels are validated on the host; on the GPU they are copied to the host on the op's
+// stream, which synchronizes it (the joint also needs the host lengths to plan its tiles).
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
-#include <new>
 #include <string>
 #include <vector>
 
@@ -30,6 +33,10 @@
 #include "xla/hlo/builder/xla_builder.h"
 #include "xla/shape_util.h"
 
+#if TF_RNNT_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 extern "C" const XLA_FFI_Api* XLA_FFI_GetApi();
 
 namespace tf_rnnt {
@@ -40,7 +47,30 @@ using ::tensorflow::XlaOpKernel;
 using ::tensorflow::XlaOpKernelContext;
 using ::tensorflow::errors::InvalidArgument;
 
+constexpr int64_t kDefaultGpuMemoryBudget = 256LL << 20;
 constexpr int64_t kDefaultCpuMemoryBudget = 64LL << 20;
+
+size_t joint_workspace_bytes(const JointShape& shape, const JointOptions& options,
+                             int64_t tile_nodes, bool backward, bool gpu) {
+  return gpu ? joint_workspace_bytes_cuda(shape, options, tile_nodes, backward, false)
+             : joint_workspace_bytes_cpu(shape, options, tile_nodes, backward, false);
+}
+
+// Nodes per tile; never more for fewer num_nodes, so the lowering sizes the workspace with all
+// nodes valid.
+int64_t tile_nodes_for(const JointShape& shape, const JointOptions& options, int64_t num_nodes,
+                       int64_t tile_attr, int64_t budget_attr, bool gpu) {
+  if (num_nodes == 0) return 1;
+  if (tile_attr > 0) return std::min(tile_attr, num_nodes);
+  const int64_t budget = budget_attr > 0 ? budget_attr
+                         : gpu           ? kDefaultGpuMemoryBudget
+                                         : kDefaultCpuMemoryBudget;
+  auto bytes = [&](int64_t nodes) {
+    return static_cast<int64_t>(joint_workspace_bytes(shape, options, nodes, true, gpu));
+  };
+  const int64_t per_node = (bytes(2048) - bytes(1024)) / 1024;
+  return std::max<int64_t>(1, std::min(num_nodes, budget / std::max<int64_t>(per_node, 1)));
+}
 
 // ------------------------------------------------------------------ lowering helpers
 // An MLIR dictionary attribute, the backend config of a typed-FFI custom call.
@@ -114,6 +144,15 @@ bool normalize_blank(XlaOpKernelContext* ctx, int64_t blank_attr, int64_t V, int
   }
 }
 
+// A custom call's workspace result (at least one byte, so it always has an address).
+::xla::Shape workspace_shape(size_t bytes) {
+  return ::xla::ShapeUtil::MakeShape(::xla::U8, {std::max<int64_t>(1, bytes)});
+}
+
+bool on_gpu(::tensorflow::OpKernelConstruction* ctx) {
+  return ctx->device_type() == ::tensorflow::DeviceType(::tensorflow::DEVICE_GPU_XLA_JIT);
+}
+
 // ------------------------------------------------------------------ XLA op kernels
 class LatticeLossXla : public XlaOpKernel {
  public:
@@ -129,9 +168,10 @@ class LatticeLossXla : public XlaOpKernel {
     const auto f32 = [](std::vector<int64_t> dims) {
       return ::xla::ShapeUtil::MakeShape(::xla::F32, dims);
     };
+    // Workspace: alphas and betas, [B, T, U1] each.
     emit_custom_call(ctx, "tf_rnnt_lattice_loss",
                      {ctx->Input(kLattice), ctx->Input(kLogitLengths), ctx->Input(kLabelLengths)},
-                     {f32({d[0]}), f32(d)},
+                     {f32({d[0]}), f32(d), workspace_shape(2 * sizeof(float) * d[0] * d[1] * d[2])},
                      AttrDict().f32("fastemit_lambda", fastemit_lambda_).f32("clamp", clamp_),
                      {0, 1});
   }
@@ -241,6 +281,28 @@ struct JointXlaAttrs {
         .i64("memory_budget", memory_budget)
         .i64("allow_tf32", allow_tf32 ? 1 : 0);
   }
+
+  // The workspace for the handler's largest plan: every node valid.
+  ::xla::Shape workspace(const std::vector<int64_t>& enc, const std::vector<int64_t>& pred,
+                         const std::vector<int64_t>& kernel, ::tensorflow::DataType dtype,
+                         int64_t blank, bool backward, bool gpu) const {
+    JointShape s;
+    s.B = static_cast<int>(enc[0]);
+    s.T = static_cast<int>(enc[1]);
+    s.H = static_cast<int>(enc[2]);
+    s.U1 = static_cast<int>(pred[1]);
+    s.V = static_cast<int>(kernel[1]);
+    JointOptions o;
+    o.blank = static_cast<int>(blank);
+    o.activation = activation;
+    o.dtype = dtype == ::tensorflow::DT_HALF       ? DType::kFloat16
+              : dtype == ::tensorflow::DT_BFLOAT16 ? DType::kBFloat16
+                                                   : DType::kFloat32;
+    o.allow_tf32 = allow_tf32;
+    const int64_t tile =
+        tile_nodes_for(s, o, enc[0] * enc[1] * pred[1], tile_nodes, memory_budget, gpu);
+    return workspace_shape(joint_workspace_bytes(s, o, tile, backward, gpu));
+  }
 };
 
 // The first operands of both joint custom calls: encoder .. label_lengths (joint_in).
@@ -255,7 +317,7 @@ std::vector<::xla::XlaOp> joint_operands(XlaOpKernelContext* ctx) {
 class JointLatticeXla : public XlaOpKernel {
  public:
   explicit JointLatticeXla(::tensorflow::OpKernelConstruction* ctx)
-      : XlaOpKernel(ctx), attrs_(ctx) {}
+      : XlaOpKernel(ctx), attrs_(ctx), gpu_(on_gpu(ctx)) {}
 
   void Compile(XlaOpKernelContext* ctx) override {
     std::vector<int64_t> enc, pred, kernel;
@@ -264,7 +326,9 @@ class JointLatticeXla : public XlaOpKernel {
     const int64_t B = enc[0], T = enc[1], U1 = pred[1];
     emit_custom_call(ctx, "tf_rnnt_joint_lattice", joint_operands(ctx),
                      {::xla::ShapeUtil::MakeShape(::xla::F32, {B, T, U1, 2}),
-                      ::xla::ShapeUtil::MakeShape(::xla::F32, {B * T * U1})},
+                      ::xla::ShapeUtil::MakeShape(::xla::F32, {B * T * U1}),
+                      attrs_.workspace(enc, pred, kernel, ctx->input_type(joint_in::kEncoder),
+                                       blank, false, gpu_)},
                      attrs_.dict(blank), {0, 1});
     // Nothing is kept for the backward pass beyond the log-sum-exp: empty saved buffers.
     const ::xla::XlaOp zero = ::xla::ConstantR0<float>(ctx->builder(), 0.f);
@@ -276,12 +340,13 @@ class JointLatticeXla : public XlaOpKernel {
 
  private:
   JointXlaAttrs attrs_;
+  bool gpu_;
 };
 
 class JointLatticeGradXla : public XlaOpKernel {
  public:
   explicit JointLatticeGradXla(::tensorflow::OpKernelConstruction* ctx)
-      : XlaOpKernel(ctx), attrs_(ctx) {}
+      : XlaOpKernel(ctx), attrs_(ctx), gpu_(on_gpu(ctx)) {}
 
   void Compile(XlaOpKernelContext* ctx) override {
     std::vector<int64_t> enc, pred, kernel;
@@ -302,12 +367,15 @@ class JointLatticeGradXla : public XlaOpKernel {
     emit_custom_call(
         ctx, "tf_rnnt_joint_lattice_grad", operands,
         {::xla::ShapeUtil::MakeShape(t, enc), ::xla::ShapeUtil::MakeShape(t, pred),
-         ::xla::ShapeUtil::MakeShape(t, kernel), ::xla::ShapeUtil::MakeShape(t, {kernel[1]})},
+         ::xla::ShapeUtil::MakeShape(t, kernel), ::xla::ShapeUtil::MakeShape(t, {kernel[1]}),
+         attrs_.workspace(enc, pred, kernel, ctx->input_type(joint_in::kEncoder), blank, true,
+                          gpu_)},
         attrs_.dict(blank), {0, 1, 2, 3});
   }
 
  private:
   JointXlaAttrs attrs_;
+  bool gpu_;
 };
 
 #define TF_RNNT_XLA_KERNELS(DEVICE)                                                  \
@@ -338,6 +406,9 @@ class JointLatticeGradXla : public XlaOpKernel {
       JointLatticeGradXla);
 
 TF_RNNT_XLA_KERNELS(::tensorflow::DEVICE_CPU_XLA_JIT)
+#if TF_RNNT_WITH_CUDA
+TF_RNNT_XLA_KERNELS(::tensorflow::DEVICE_GPU_XLA_JIT)
+#endif
 
 // ------------------------------------------------------------------ custom-call handlers
 ffi::Error invalid(const std::string& message) { return ffi::Error::InvalidArgument(message); }
@@ -446,18 +517,6 @@ ParallelFor pool_parallel_for(ffi::ThreadPool* pool) {
   };
 }
 
-int64_t tile_nodes_for(const JointShape& shape, const JointOptions& options, int64_t num_nodes,
-                       int64_t tile_attr, int64_t budget_attr) {
-  if (num_nodes == 0) return 1;
-  if (tile_attr > 0) return std::min(tile_attr, num_nodes);
-  const int64_t budget = budget_attr > 0 ? budget_attr : kDefaultCpuMemoryBudget;
-  auto bytes = [&](int64_t nodes) {
-    return static_cast<int64_t>(joint_workspace_bytes_cpu(shape, options, nodes, true, false));
-  };
-  const int64_t per_node = (bytes(2048) - bytes(1024)) / 1024;
-  return std::max<int64_t>(1, std::min(num_nodes, budget / std::max<int64_t>(per_node, 1)));
-}
-
 // Shape and options of the joint from its buffers and attributes, with the host lengths and
 // (when not null) the host labels checked.
 ffi::Error joint_config(ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer kernel,
@@ -513,32 +572,40 @@ HostPlan host_plan(const int32_t* logit_lengths, const int32_t* label_lengths, i
   return host;
 }
 
-ffi::Error out_of_memory(size_t bytes, int64_t tile) {
-  return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                    "tf_rnnt.joint_lattice could not allocate its " + std::to_string(bytes) +
-                        "-byte workspace (" + std::to_string(tile) +
-                        " lattice nodes per tile). Use a smaller tile_size or memory_budget, or a "
-                        "smaller batch.");
+// The workspace result, checked to hold the bytes the handler's plan needs.
+ffi::Error workspace_for(ffi::Result<ffi::AnyBuffer>& workspace, size_t bytes, void** ptr,
+                         const char* op) {
+  if (workspace->size_bytes() < bytes) {
+    return ffi::Error::Internal(std::string(op) + ": the plan needs " + std::to_string(bytes) +
+                                " workspace bytes, the lowering gave " +
+                                std::to_string(workspace->size_bytes()));
+  }
+  *ptr = workspace->untyped_data();
+  return ffi::Error::Success();
 }
 
 ffi::Error lattice_loss_host(ffi::Buffer<ffi::F32> lattice, ffi::Buffer<ffi::S32> logit_lengths,
                              ffi::Buffer<ffi::S32> label_lengths, ffi::ResultBuffer<ffi::F32> costs,
-                             ffi::ResultBuffer<ffi::F32> grads, float fastemit_lambda, float clamp,
-                             ffi::ThreadPool pool) {
+                             ffi::ResultBuffer<ffi::F32> grads,
+                             ffi::Result<ffi::AnyBuffer> workspace, float fastemit_lambda,
+                             float clamp, ffi::ThreadPool pool) {
   const auto d = lattice.dimensions();
   const int64_t B = d[0], T = d[1], U1 = d[2];
   ffi::Error err =
       check_lengths(logit_lengths.typed_data(), label_lengths.typed_data(), B, T, U1 - 1);
   if (err.failure()) return err;
   if (B == 0) return ffi::Error::Success();
-  std::vector<float> alphas(B * T * U1), betas(B * T * U1);
+  void* alphas;
+  err = workspace_for(workspace, 2 * sizeof(float) * B * T * U1, &alphas, "lattice_loss");
+  if (err.failure()) return err;
   LatticeLossOptions options;
   options.fastemit_lambda = fastemit_lambda;
   options.clamp = clamp;
   return from_core(
       lattice_loss_cpu(lattice.typed_data(), logit_lengths.typed_data(), label_lengths.typed_data(),
-                       B, T, U1, options, costs->typed_data(), grads->typed_data(), alphas.data(),
-                       betas.data(), pool_parallel_for(&pool)),
+                       B, T, U1, options, costs->typed_data(), grads->typed_data(),
+                       static_cast<float*>(alphas), static_cast<float*>(alphas) + B * T * U1,
+                       pool_parallel_for(&pool)),
       "lattice_loss");
 }
 
@@ -579,20 +646,19 @@ ffi::Error logits_to_lattice_grad_host(ffi::AnyBuffer logits, ffi::Buffer<ffi::S
       "logits_to_lattice gradient");
 }
 
-// Shape, options, checked lengths (and labels: forward), plan and uninitialized workspace of the
-// host joint.
+// Shape, options, checked lengths (and labels: forward), plan and workspace of the host joint.
 struct HostJointPlan {
   JointShape shape;
   JointOptions options;
   std::vector<int64_t> offsets;
   JointInputs in;
-  std::unique_ptr<char[]> workspace;
+  void* workspace = nullptr;
 
   ffi::Error init(ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer kernel,
                   ffi::AnyBuffer bias, ffi::Buffer<ffi::S32> labels,
                   ffi::Buffer<ffi::S32> logit_lengths, ffi::Buffer<ffi::S32> label_lengths,
-                  int64_t blank, int64_t activation, int64_t tile_attr, int64_t budget_attr,
-                  int64_t allow_tf32, bool backward) {
+                  ffi::Result<ffi::AnyBuffer>& ws, int64_t blank, int64_t activation,
+                  int64_t tile_attr, int64_t budget_attr, int64_t allow_tf32, bool backward) {
     // The backward pass needs no label check (the forward pass made it).
     ffi::Error err = joint_config(enc, pred, kernel, blank, activation, allow_tf32,
                                   logit_lengths.typed_data(), label_lengths.typed_data(),
@@ -600,12 +666,11 @@ struct HostJointPlan {
     if (err.failure()) return err;
     in = joint_inputs(enc, pred, kernel, bias, labels, logit_lengths, label_lengths);
     in.host = host_plan(in.logit_lengths, in.label_lengths, shape.B, &offsets);
-    in.host.tile_nodes = tile_nodes_for(shape, options, in.host.num_nodes, tile_attr, budget_attr);
-    const size_t bytes = std::max<size_t>(
-        1, joint_workspace_bytes_cpu(shape, options, in.host.tile_nodes, backward, false));
-    workspace.reset(new (std::nothrow) char[bytes]);
-    if (!workspace) return out_of_memory(bytes, in.host.tile_nodes);
-    return ffi::Error::Success();
+    in.host.tile_nodes =
+        tile_nodes_for(shape, options, in.host.num_nodes, tile_attr, budget_attr, false);
+    return workspace_for(
+        ws, joint_workspace_bytes_cpu(shape, options, in.host.tile_nodes, backward, false),
+        &workspace, backward ? "joint_lattice gradient" : "joint_lattice");
   }
 };
 
@@ -614,15 +679,17 @@ ffi::Error joint_lattice_host(ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyB
                               ffi::Buffer<ffi::S32> logit_lengths,
                               ffi::Buffer<ffi::S32> label_lengths,
                               ffi::ResultBuffer<ffi::F32> lattice, ffi::ResultBuffer<ffi::F32> lse,
-                              int64_t blank, int64_t activation, int64_t tile_attr,
-                              int64_t budget_attr, int64_t allow_tf32, ffi::ThreadPool pool) {
+                              ffi::Result<ffi::AnyBuffer> workspace, int64_t blank,
+                              int64_t activation, int64_t tile_attr, int64_t budget_attr,
+                              int64_t allow_tf32, ffi::ThreadPool pool) {
   HostJointPlan plan;
-  ffi::Error err = plan.init(enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank,
-                             activation, tile_attr, budget_attr, allow_tf32, false);
+  ffi::Error err =
+      plan.init(enc, pred, kernel, bias, labels, logit_lengths, label_lengths, workspace, blank,
+                activation, tile_attr, budget_attr, allow_tf32, false);
   if (err.failure()) return err;
   JointForwardArgs a;
   a.in = plan.in;
-  a.workspace = plan.workspace.get();
+  a.workspace = plan.workspace;
   a.lattice = lattice->typed_data();
   a.lse = lse->typed_data();
   return from_core(joint_forward_cpu(plan.shape, plan.options, a, pool_parallel_for(&pool)),
@@ -634,16 +701,17 @@ ffi::Error joint_lattice_grad_host(
     ffi::Buffer<ffi::S32> labels, ffi::Buffer<ffi::S32> logit_lengths,
     ffi::Buffer<ffi::S32> label_lengths, ffi::Buffer<ffi::F32> lse, ffi::Buffer<ffi::F32> d_lattice,
     ffi::Result<ffi::AnyBuffer> d_enc, ffi::Result<ffi::AnyBuffer> d_pred,
-    ffi::Result<ffi::AnyBuffer> d_kernel, ffi::Result<ffi::AnyBuffer> d_bias, int64_t blank,
-    int64_t activation, int64_t tile_attr, int64_t budget_attr, int64_t allow_tf32,
-    ffi::ThreadPool pool) {
+    ffi::Result<ffi::AnyBuffer> d_kernel, ffi::Result<ffi::AnyBuffer> d_bias,
+    ffi::Result<ffi::AnyBuffer> workspace, int64_t blank, int64_t activation, int64_t tile_attr,
+    int64_t budget_attr, int64_t allow_tf32, ffi::ThreadPool pool) {
   HostJointPlan plan;
-  ffi::Error err = plan.init(enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank,
-                             activation, tile_attr, budget_attr, allow_tf32, true);
+  ffi::Error err =
+      plan.init(enc, pred, kernel, bias, labels, logit_lengths, label_lengths, workspace, blank,
+                activation, tile_attr, budget_attr, allow_tf32, true);
   if (err.failure()) return err;
   JointBackwardArgs a;
   a.in = plan.in;
-  a.workspace = plan.workspace.get();
+  a.workspace = plan.workspace;
   a.lse = lse.typed_data();
   a.d_lattice = d_lattice.typed_data();
   // The launcher writes the gradients in the input dtype.
@@ -662,6 +730,7 @@ XLA_FFI_DEFINE_HANDLER(kLatticeLossHost, lattice_loss_host,
                            .Arg<ffi::Buffer<ffi::S32>>()
                            .Ret<ffi::Buffer<ffi::F32>>()
                            .Ret<ffi::Buffer<ffi::F32>>()
+                           .Ret<ffi::AnyBuffer>()
                            .Attr<float>("fastemit_lambda")
                            .Attr<float>("clamp")
                            .Ctx<ffi::ThreadPool>());
@@ -707,6 +776,7 @@ XLA_FFI_DEFINE_HANDLER(kJointLatticeHost, joint_lattice_host,
                        ffi::Ffi::Bind()
                            .TF_RNNT_JOINT_FFI_INPUTS.Ret<ffi::Buffer<ffi::F32>>()
                            .Ret<ffi::Buffer<ffi::F32>>()
+                           .Ret<ffi::AnyBuffer>()
                            .TF_RNNT_JOINT_FFI_ATTRS.Ctx<ffi::ThreadPool>());
 
 XLA_FFI_DEFINE_HANDLER(kJointLatticeGradHost, joint_lattice_grad_host,
@@ -717,7 +787,247 @@ XLA_FFI_DEFINE_HANDLER(kJointLatticeGradHost, joint_lattice_grad_host,
                            .Ret<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
                            .TF_RNNT_JOINT_FFI_ATTRS.Ctx<ffi::ThreadPool>());
+
+// ---- CUDA
+#if TF_RNNT_WITH_CUDA
+using CudaStream = cudaStream_t;
+
+ffi::Error cuda_error(cudaError_t e, const char* op) {
+  return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorName(e));
+}
+
+struct HostCopy {
+  const int32_t* device;
+  size_t count;
+  std::vector<int32_t>* host;
+};
+
+// Copies device int32 buffers to the host and waits for the stream (one synchronization for all).
+ffi::Error to_host(std::initializer_list<HostCopy> copies, CudaStream stream, const char* op) {
+  for (const HostCopy& c : copies) {
+    c.host->resize(c.count);
+    if (c.count == 0) continue;
+    const cudaError_t e = cudaMemcpyAsync(c.host->data(), c.device, c.count * sizeof(int32_t),
+                                          cudaMemcpyDeviceToHost, stream);
+    if (e != cudaSuccess) return cuda_error(e, op);
+  }
+  const cudaError_t e = cudaStreamSynchronize(stream);
+  return e == cudaSuccess ? ffi::Error::Success() : cuda_error(e, op);
+}
+
+ffi::Error lattice_loss_cuda_ffi(CudaStream stream, ffi::Buffer<ffi::F32> lattice,
+                                 ffi::Buffer<ffi::S32> logit_lengths,
+                                 ffi::Buffer<ffi::S32> label_lengths,
+                                 ffi::ResultBuffer<ffi::F32> costs,
+                                 ffi::ResultBuffer<ffi::F32> grads,
+                                 ffi::Result<ffi::AnyBuffer> workspace, float fastemit_lambda,
+                                 float clamp) {
+  const auto d = lattice.dimensions();
+  const int64_t B = d[0], T = d[1], U1 = d[2];
+  std::vector<int32_t> logit, label;
+  ffi::Error err = to_host({{logit_lengths.typed_data(), static_cast<size_t>(B), &logit},
+                            {label_lengths.typed_data(), static_cast<size_t>(B), &label}},
+                           stream, "lattice_loss");
+  if (err.failure()) return err;
+  err = check_lengths(logit.data(), label.data(), B, T, U1 - 1);
+  if (err.failure() || B == 0) return err;
+  void* alphas;
+  err = workspace_for(workspace, 2 * sizeof(float) * B * T * U1, &alphas, "lattice_loss");
+  if (err.failure()) return err;
+  LatticeLossOptions options;
+  options.fastemit_lambda = fastemit_lambda;
+  options.clamp = clamp;
+  return from_core(
+      lattice_loss_cuda(lattice.typed_data(), logit_lengths.typed_data(),
+                        label_lengths.typed_data(), B, T, U1, options, costs->typed_data(),
+                        grads->typed_data(), static_cast<float*>(alphas),
+                        static_cast<float*>(alphas) + B * T * U1, stream),
+      "lattice_loss");
+}
+
+ffi::Error logits_to_lattice_cuda_ffi(CudaStream stream, ffi::AnyBuffer logits,
+                                      ffi::Buffer<ffi::S32> labels,
+                                      ffi::Buffer<ffi::S32> label_lengths,
+                                      ffi::ResultBuffer<ffi::F32> lattice,
+                                      ffi::ResultBuffer<ffi::F32> lse, int64_t blank,
+                                      int64_t validate) {
+  const auto d = logits.dimensions();
+  const int64_t B = d[0], T = d[1], U1 = d[2], V = d[3];
+  DType dtype;
+  if (!core_dtype(logits.element_type(), &dtype))
+    return invalid("logits_to_lattice: unsupported dtype");
+  if (validate) {
+    std::vector<int32_t> lab, len;
+    ffi::Error err = to_host({{label_lengths.typed_data(), static_cast<size_t>(B), &len},
+                              {labels.typed_data(), static_cast<size_t>(B * (U1 - 1)), &lab}},
+                             stream, "logits_to_lattice");
+    if (err.failure()) return err;
+    err = check_lengths(nullptr, len.data(), B, T, U1 - 1);
+    if (err.failure()) return err;
+    err = check_labels(lab.data(), len.data(), B, U1 - 1, V, blank);
+    if (err.failure()) return err;
+  }
+  return from_core(
+      logits_to_lattice_cuda(logits.untyped_data(), dtype, labels.typed_data(), B, T, U1, V, blank,
+                             lattice->typed_data(), lse->typed_data(), stream),
+      "logits_to_lattice");
+}
+
+ffi::Error logits_to_lattice_grad_cuda_ffi(CudaStream stream, ffi::AnyBuffer logits,
+                                           ffi::Buffer<ffi::S32> labels, ffi::Buffer<ffi::F32> lse,
+                                           ffi::Buffer<ffi::F32> d_lattice,
+                                           ffi::Result<ffi::AnyBuffer> d_logits, int64_t blank) {
+  const auto d = logits.dimensions();
+  DType dtype;
+  if (!core_dtype(logits.element_type(), &dtype))
+    return invalid("logits_to_lattice: unsupported dtype");
+  return from_core(
+      logits_to_lattice_grad_cuda(logits.untyped_data(), dtype, labels.typed_data(), d[0], d[1],
+                                  d[2], d[3], blank, lse.typed_data(), d_lattice.typed_data(),
+                                  d_logits->untyped_data(), stream),
+      "logits_to_lattice gradient");
+}
+
+// Host lengths (checked), host plan, tile and workspace for the GPU joint (the launchers compute
+// the device node offsets in the workspace).
+struct GpuJointPlan {
+  JointShape shape;
+  JointOptions options;
+  std::vector<int32_t> logit, label;
+  std::vector<int64_t> offsets;
+  JointInputs in;
+  void* workspace = nullptr;
+
+  ffi::Error init(CudaStream stream, ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer kernel,
+                  ffi::AnyBuffer bias, ffi::Buffer<ffi::S32> labels,
+                  ffi::Buffer<ffi::S32> logit_lengths, ffi::Buffer<ffi::S32> label_lengths,
+                  ffi::Result<ffi::AnyBuffer>& ws, int64_t blank, int64_t activation,
+                  int64_t tile_attr, int64_t budget_attr, int64_t allow_tf32, bool backward) {
+    const int64_t B = enc.dimensions()[0], U = pred.dimensions()[1] - 1;
+    const char* op = backward ? "joint_lattice gradient" : "joint_lattice";
+    // The backward pass needs no labels on the host (the forward pass checked them).
+    std::vector<int32_t> host_labels;
+    const size_t b = static_cast<size_t>(B);
+    ffi::Error err =
+        backward ? to_host({{logit_lengths.typed_data(), b, &logit},
+                            {label_lengths.typed_data(), b, &label}},
+                           stream, op)
+                 : to_host({{logit_lengths.typed_data(), b, &logit},
+                            {label_lengths.typed_data(), b, &label},
+                            {labels.typed_data(), b * static_cast<size_t>(U), &host_labels}},
+                           stream, op);
+    if (err.failure()) return err;
+    err = joint_config(enc, pred, kernel, blank, activation, allow_tf32, logit.data(), label.data(),
+                       backward ? nullptr : host_labels.data(), &shape, &options);
+    if (err.failure()) return err;
+    in = joint_inputs(enc, pred, kernel, bias, labels, logit_lengths, label_lengths);
+    in.host = host_plan(logit.data(), label.data(), shape.B, &offsets);
+    in.host.tile_nodes =
+        tile_nodes_for(shape, options, in.host.num_nodes, tile_attr, budget_attr, true);
+    return workspace_for(
+        ws, joint_workspace_bytes_cuda(shape, options, in.host.tile_nodes, backward, false),
+        &workspace, op);
+  }
+};
+
+ffi::Error joint_lattice_cuda_ffi(
+    CudaStream stream, ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer kernel,
+    ffi::AnyBuffer bias, ffi::Buffer<ffi::S32> labels, ffi::Buffer<ffi::S32> logit_lengths,
+    ffi::Buffer<ffi::S32> label_lengths, ffi::ResultBuffer<ffi::F32> lattice,
+    ffi::ResultBuffer<ffi::F32> lse, ffi::Result<ffi::AnyBuffer> workspace, int64_t blank,
+    int64_t activation, int64_t tile_attr, int64_t budget_attr, int64_t allow_tf32) {
+  GpuJointPlan plan;
+  ffi::Error err =
+      plan.init(stream, enc, pred, kernel, bias, labels, logit_lengths, label_lengths, workspace,
+                blank, activation, tile_attr, budget_attr, allow_tf32, false);
+  if (err.failure()) return err;
+  JointForwardArgs a;
+  a.in = plan.in;
+  a.workspace = plan.workspace;
+  a.lattice = lattice->typed_data();
+  a.lse = lse->typed_data();
+  return from_core(joint_forward_cuda(plan.shape, plan.options, a, stream), "joint_lattice");
+}
+
+ffi::Error joint_lattice_grad_cuda_ffi(
+    CudaStream stream, ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer kernel,
+    ffi::AnyBuffer bias, ffi::Buffer<ffi::S32> labels, ffi::Buffer<ffi::S32> logit_lengths,
+    ffi::Buffer<ffi::S32> label_lengths, ffi::Buffer<ffi::F32> lse, ffi::Buffer<ffi::F32> d_lattice,
+    ffi::Result<ffi::AnyBuffer> d_enc, ffi::Result<ffi::AnyBuffer> d_pred,
+    ffi::Result<ffi::AnyBuffer> d_kernel, ffi::Result<ffi::AnyBuffer> d_bias,
+    ffi::Result<ffi::AnyBuffer> workspace, int64_t blank, int64_t activation, int64_t tile_attr,
+    int64_t budget_attr, int64_t allow_tf32) {
+  GpuJointPlan plan;
+  ffi::Error err =
+      plan.init(stream, enc, pred, kernel, bias, labels, logit_lengths, label_lengths, workspace,
+                blank, activation, tile_attr, budget_attr, allow_tf32, true);
+  if (err.failure()) return err;
+  JointBackwardArgs a;
+  a.in = plan.in;
+  a.workspace = plan.workspace;
+  a.lse = lse.typed_data();
+  a.d_lattice = d_lattice.typed_data();
+  // The launcher writes the gradients in the input dtype.
+  a.d_encoder = d_enc->untyped_data();
+  a.d_predictor = d_pred->untyped_data();
+  a.d_kernel = d_kernel->untyped_data();
+  a.d_bias = d_bias->untyped_data();
+  return from_core(joint_backward_cuda(plan.shape, plan.options, a, stream),
+                   "joint_lattice gradient");
+}
+
+#define TF_RNNT_CUDA_CTX Ctx<ffi::PlatformStream<CudaStream>>()
+
+XLA_FFI_DEFINE_HANDLER(kLatticeLossCuda, lattice_loss_cuda_ffi,
+                       ffi::Ffi::Bind()
+                           .TF_RNNT_CUDA_CTX.Arg<ffi::Buffer<ffi::F32>>()
+                           .Arg<ffi::Buffer<ffi::S32>>()
+                           .Arg<ffi::Buffer<ffi::S32>>()
+                           .Ret<ffi::Buffer<ffi::F32>>()
+                           .Ret<ffi::Buffer<ffi::F32>>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<float>("fastemit_lambda")
+                           .Attr<float>("clamp"));
+
+XLA_FFI_DEFINE_HANDLER(kLogitsToLatticeCuda, logits_to_lattice_cuda_ffi,
+                       ffi::Ffi::Bind()
+                           .TF_RNNT_CUDA_CTX.Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::Buffer<ffi::S32>>()
+                           .Arg<ffi::Buffer<ffi::S32>>()
+                           .Ret<ffi::Buffer<ffi::F32>>()
+                           .Ret<ffi::Buffer<ffi::F32>>()
+                           .Attr<int64_t>("blank")
+                           .Attr<int64_t>("validate"));
+
+XLA_FFI_DEFINE_HANDLER(kLogitsToLatticeGradCuda, logits_to_lattice_grad_cuda_ffi,
+                       ffi::Ffi::Bind()
+                           .TF_RNNT_CUDA_CTX.Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::Buffer<ffi::S32>>()
+                           .Arg<ffi::Buffer<ffi::F32>>()
+                           .Arg<ffi::Buffer<ffi::F32>>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<int64_t>("blank"));
+
+XLA_FFI_DEFINE_HANDLER(kJointLatticeCuda, joint_lattice_cuda_ffi,
+                       ffi::Ffi::Bind()
+                           .TF_RNNT_CUDA_CTX.TF_RNNT_JOINT_FFI_INPUTS.Ret<ffi::Buffer<ffi::F32>>()
+                           .Ret<ffi::Buffer<ffi::F32>>()
+                           .Ret<ffi::AnyBuffer>()
+                           .TF_RNNT_JOINT_FFI_ATTRS);
+
+XLA_FFI_DEFINE_HANDLER(kJointLatticeGradCuda, joint_lattice_grad_cuda_ffi,
+                       ffi::Ffi::Bind()
+                           .TF_RNNT_CUDA_CTX.TF_RNNT_JOINT_FFI_INPUTS.Arg<ffi::Buffer<ffi::F32>>()
+                           .Arg<ffi::Buffer<ffi::F32>>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .TF_RNNT_JOINT_FFI_ATTRS);
+#endif  // TF_RNNT_WITH_CUDA
 
 // ------------------------------------------------------------------ registration
 void register_handler(const XLA_FFI_Api* api, const char* name, const char* platform,
@@ -751,6 +1061,13 @@ const bool kHandlersRegistered = [] {
   register_handler(api, "tf_rnnt_logits_to_lattice_grad", "Host", kLogitsToLatticeGradHost);
   register_handler(api, "tf_rnnt_joint_lattice", "Host", kJointLatticeHost);
   register_handler(api, "tf_rnnt_joint_lattice_grad", "Host", kJointLatticeGradHost);
+#if TF_RNNT_WITH_CUDA
+  register_handler(api, "tf_rnnt_lattice_loss", "CUDA", kLatticeLossCuda);
+  register_handler(api, "tf_rnnt_logits_to_lattice", "CUDA", kLogitsToLatticeCuda);
+  register_handler(api, "tf_rnnt_logits_to_lattice_grad", "CUDA", kLogitsToLatticeGradCuda);
+  register_handler(api, "tf_rnnt_joint_lattice", "CUDA", kJointLatticeCuda);
+  register_handler(api, "tf_rnnt_joint_lattice_grad", "CUDA", kJointLatticeGradCuda);
+#endif
   return true;
 }();
 
