@@ -26,14 +26,15 @@ are never positive, so the marking is unambiguous; `FlashRNNTLoss` reads the len
 loss, holds `2 + blank`, so a loss given another blank fails. Lattices built without
 `RNNTJoint` (e.g. with `tf_rnnt.joint_lattice`) are marked with `mark_lattice_padding`.
 
-XLA: tf_rnnt's XLA kernels are CPU-only. On a CPU-only machine `model.compile(jit_compile=True)`
-compiles the whole training step, these layers and losses included, and each op lowers to an
-XLA custom call running the same CPU code. On a GPU (or with a library built against a
-TensorFlow without the XLA FFI, 2.17, which has no XLA kernels) `RNNTJoint.supports_jit` is
-False, so Keras compiles a model with an `RNNTJoint` without XLA, under "auto" and
-`jit_compile=True` alike (a warning names the layer), and the fused joint stays. Under XLA
-without usable kernels (e.g. a `tf.function(jit_compile=True)`, or `RNNTLoss` without
-`RNNTJoint`) the ops use the pure-TensorFlow reference math (a warning names the op).
+XLA: `model.compile(jit_compile=True)` (and Keras' "auto", which turns XLA on for a GPU model)
+compiles the whole training step, these layers and losses included: the op library's XLA
+kernels lower each op to an XLA custom call running the same CPU/CUDA code. With a library
+without XLA kernels for the devices in use (built against a TensorFlow without the XLA FFI,
+2.17, or without CUDA on a GPU machine) `RNNTJoint.supports_jit` is False, so Keras compiles a
+model with an `RNNTJoint` without XLA, under "auto" and `jit_compile=True` alike (a warning
+names the layer), and the fused joint stays. Under XLA without usable kernels (e.g. a
+`tf.function(jit_compile=True)`, or `RNNTLoss` without `RNNTJoint`) the ops use the
+pure-TensorFlow reference math (a warning names the op).
 """
 
 import warnings
@@ -197,10 +198,10 @@ class RNNTJoint(keras.layers.Layer):
     def supports_jit(self):
         """Whether Keras may compile a model with this layer under XLA (read by `model.compile`).
 
-        True exactly when `tf_rnnt.xla_kernels_available()`: tf_rnnt's XLA kernels are CPU-only.
-        Elsewhere XLA would replace the fused joint by the reference math on the full
-        `[B, T, U+1, V]` logits, so this is False, Keras compiles the model without XLA, and the
-        first read warns.
+        True exactly when `tf_rnnt.xla_kernels_available()` (the op library has XLA kernels for
+        the visible devices). Elsewhere XLA would replace the fused joint by the reference math
+        on the full `[B, T, U+1, V]` logits, so this is False, Keras compiles the model without
+        XLA, and the first read warns.
         """
         if not self._jit_allowed:
             return False

@@ -46,19 +46,23 @@ _XLA_WARNED = set()
 
 
 def xla_kernels_available():
-    """True when tf_rnnt's XLA kernels compile the ops here: no GPU is visible and the loaded op
-    library has XLA kernels.
+    """True when the loaded op library has XLA kernels for every visible device kind.
 
-    The build adds XLA kernels for the CPU only, and only against a TensorFlow whose wheel ships
-    the XLA FFI (2.21: yes, 2.17: no). Where this is False, the ops fall back to the
-    pure-TensorFlow reference math under XLA (`jit_compile=True`).
+    The build adds them against a TensorFlow whose wheel ships the XLA FFI (2.21: yes, 2.17: no),
+    for the CPU, and for the GPU when it builds the CUDA kernels. Where this is False, the ops
+    fall back to the pure-TensorFlow reference math under XLA (`jit_compile=True`).
     """
     global _XLA_KERNELS
     with _XLA_LOCK:
         if _XLA_KERNELS is None:
-            _XLA_KERNELS = (not tf.config.list_physical_devices("GPU")
-                            and "XLA_CPU_JIT" in _registered_kernel_devices())
+            _XLA_KERNELS = _needed_xla_devices() <= _registered_kernel_devices()
         return _XLA_KERNELS
+
+
+def _needed_xla_devices():
+    if tf.config.list_physical_devices("GPU"):
+        return {"XLA_CPU_JIT", "XLA_GPU_JIT"}
+    return {"XLA_CPU_JIT"}
 
 
 def _registered_kernel_devices():
@@ -69,15 +73,16 @@ def _registered_kernel_devices():
 
 def _no_xla_kernels_reason():
     """Why `xla_kernels_available()` is False, as a clause for messages."""
-    if tf.config.list_physical_devices("GPU"):
-        return "tf_rnnt's XLA kernels are CPU-only and a GPU is visible"
+    if "XLA_CPU_JIT" in _registered_kernel_devices():
+        return ("this op library has no GPU XLA kernels (it was built without CUDA) and a GPU "
+                "is visible")
     return ("this op library has no XLA kernels (it was built against a TensorFlow without the "
             "XLA FFI, e.g. 2.17)")
 
 
 def _xla_fallback(op_name, users, consequence):
     """True when tracing for XLA (`jit_compile=True`) where tf_rnnt's XLA kernels are not usable
-    (a visible GPU, or a library without XLA kernels).
+    (a library without XLA kernels, or without GPU ones and a visible GPU).
 
     The caller then builds the pure-TensorFlow reference math instead of the compiled op, so the
     model still compiles; one warning per op says so.
@@ -288,11 +293,12 @@ def joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, label
     If the workspace cannot be allocated the op halves the tile, down to 1024 nodes, then
     raises ResourceExhaustedError.
 
-    Under XLA (`jit_compile=True`) on a CPU-only machine the op lowers to a custom call on the
-    same CPU kernels and always runs tiled (mode="untiled" keeps nothing there). tf_rnnt's XLA
-    kernels are CPU-only: on a GPU (or with a library built against TensorFlow 2.17, which has
-    none) the op falls back under XLA to the pure-TensorFlow reference, which materializes the
-    full `[B, T, U+1, V]` logits; compile with `jit_compile=False` to keep the fused joint.
+    Under XLA (`jit_compile=True`) the op lowers to a custom call on the same CPU/CUDA kernels
+    and always runs tiled (mode="untiled" keeps nothing there); XLA allocates the workspace for
+    the tile of a batch with every node valid, and the tile is never halved. With a library
+    built against TensorFlow 2.17 (no XLA kernels) the op falls back under XLA to the
+    pure-TensorFlow reference, which materializes the full `[B, T, U+1, V]` logits; compile
+    with `jit_compile=False` to keep the fused joint.
 
     GEMMs run in the input dtype with float32 accumulation (TF32 when TensorFlow allows it,
     `tf.config.experimental.enable_tensor_float_32_execution`); log-sum-exp and the lattice
