@@ -256,7 +256,7 @@ def test_layer_config_round_trip():
     for key in ("vocab_size", "units", "activation", "blank", "mode", "tile_size",
                 "memory_budget", "pad_value", "name"):
         assert getattr(clone, key) == getattr(joint, key), key
-    # Keras may pick XLA only where tf_rnnt's (CPU-only) XLA kernels run the fused joint.
+    # Keras may pick XLA only where tf_rnnt's XLA kernels run the fused joint.
     assert clone.supports_jit == rnnt_ops.xla_kernels_available()
 
 
