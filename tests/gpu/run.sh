@@ -12,6 +12,8 @@
 #               GPU variants)
 #   robustness  tests/gpu/robustness_gpu.py: long lattices, logits ~1e4 in half precision,
 #               concurrency, out-of-memory errors, determinism
+#   xla         tests/gpu/xla_gpu_check.py: each op under XLA (jit_compile) against no XLA, and a
+#               Keras model trained with jit_compile=True
 #   sanitize    compute-sanitizer memcheck, racecheck and initcheck on tests/gpu/sanitizer_case.py,
 #               and memcheck on the core test
 #   bench       benchmarks/bench_rnnt.py --suite all (results in $OUT/bench.md)
@@ -76,6 +78,9 @@ for step in "$@"; do
     robustness)
       gpu0 "$PYTHON" tests/gpu/robustness_gpu.py > "$OUT/robustness_gpu.log" 2>&1 || fail robustness
       grep -E "^(PASS|FAIL|ALL|FAILED)" "$OUT/robustness_gpu.log" ;;
+    xla)
+      gpu0 "$PYTHON" tests/gpu/xla_gpu_check.py > "$OUT/xla_gpu_check.log" 2>&1 || fail xla
+      grep -E "^(PASS|FAIL|ALL|FAILED|keras|library)" "$OUT/xla_gpu_check.log" ;;
     sanitize)
       for tool in memcheck racecheck initcheck; do
         args=""; [[ $tool == racecheck ]] && args="--joint-dtypes float32"
