@@ -102,6 +102,8 @@ def parse_args(argv=None):
     parser.add_argument("--joint-dim", type=int, default=640)
     parser.add_argument("--min-length", type=float, default=0.6,
                         help="shortest sample as a fraction of T and U")
+    parser.add_argument("--jit-compile", choices=("false", "true", "auto"), default="false",
+                        help="model.compile(jit_compile=...) for the model.fit runs")
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--skip-batch-search", action="store_true")
@@ -261,7 +263,8 @@ def run_fit(args, spec):
     per_gpu = spec["batch"]
     with strategy.scope():
         model, loss = build(args, spec["variant"])
-        model.compile(optimizer=keras.optimizers.Adam(1e-4), loss=loss, jit_compile=False)
+        model.compile(optimizer=keras.optimizers.Adam(1e-4), loss=loss,
+                      jit_compile={"false": False, "true": True}.get(args.jit_compile, "auto"))
     inputs, labels = synthetic_batch(args, per_gpu * replicas)
     dataset = tf.data.Dataset.from_tensors((inputs, labels)).repeat().prefetch(2)
     gpu_names = [f"GPU:{i}" for i in range(len(devices))]
@@ -304,6 +307,7 @@ def run_fit(args, spec):
         "peak_gpu_bytes": max(peaks["gpu"]) if peaks.get("gpu") else None,
         "peak_gpu_bytes_each": peaks.get("gpu"),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "jit_compile": bool(model.jit_compile),  # what Keras kept: False if a layer refused XLA
         "params": model.count_params(), "loss": losses[-1] if losses else None,
         "finite": bool(losses) and bool(np.all(np.isfinite(losses))),
     }
@@ -612,6 +616,7 @@ def render(args, argv, results, searches):
         f"- Data: synthetic, {4 * args.frames} frames x {args.mel_bins} log-mels in "
         f"(T={args.frames} after subsampling), U={args.labels}; lengths uniform in "
         f"[{args.min_length:g}, 1] x max",
+        f"- Training: model.fit, jit_compile={args.jit_compile} (multi-worker: custom loop)",
         f"- Step: median of {args.steps} steps after {args.warmup} warm-up steps, synced; "
         f"throughput = replicas x per-GPU batch / step. Peak: TensorFlow allocator peak per GPU "
         f"over the timed steps, max over GPUs"
