@@ -95,58 +95,15 @@ def _build_model(args, variant, keras, tf, tf_rnnt_keras):
         output = joint([encoder, predictor, labels])
         loss = tf_rnnt_keras.FlashRNNTLoss(blank=blank)
     else:
-        class LogitsJoint(keras.layers.Layer):
-            """Full [B, T, U+1, V] logits from the RNNTJoint's weights; keeps the frame mask."""
+        from keras_baselines import LogitsHead, ReferenceRNNTLoss
 
-            def __init__(self, joint, **kwargs):
-                super().__init__(**kwargs)
-                self.joint = joint
-
-            def build(self, input_shape):
-                self.joint.build(list(input_shape) + [(None, None)])
-
-            def call(self, inputs, mask=None):
-                return self.joint.logits(inputs[0], inputs[1])
-
-            def compute_mask(self, inputs, mask=None):
-                return None if mask is None else mask[0]
-
-            def compute_output_shape(self, shapes):
-                return (shapes[0][0], shapes[0][1], shapes[1][1], args.vocab)
-
-        output = LogitsJoint(joint)([encoder, predictor])
+        output = LogitsHead(joint)([encoder, predictor])
         if variant == "logits_rnnt":
             loss = tf_rnnt_keras.RNNTLoss(blank=blank)
         else:
-            loss = _ReferenceLoss(keras, tf)(blank=blank)
+            loss = ReferenceRNNTLoss(blank=blank)
     model = keras.Model([features, labels], output)
     return model, loss
-
-
-def _ReferenceLoss(keras, tf):
-    from tf_rnnt import reference
-
-    class ReferenceRNNTLoss(keras.losses.Loss):
-        """Mean of tf_rnnt.reference.rnnt_loss; frame lengths from the logits' Keras mask."""
-
-        def __init__(self, blank=0):
-            super().__init__(name="reference_rnnt_loss")
-            self.blank = blank
-
-        def __call__(self, y_true, y_pred, sample_weight=None):
-            mask = getattr(y_pred, "_keras_mask", None)
-            labels = tf.cast(tf.round(y_true), tf.int32)
-            label_lengths = tf.reduce_sum(tf.cast(labels >= 0, tf.int32), axis=1)
-            if mask is None:
-                logit_lengths = tf.fill([tf.shape(y_pred)[0]], tf.shape(y_pred)[1])
-            else:
-                logit_lengths = tf.reduce_sum(tf.cast(mask, tf.int32), axis=1)
-            costs = reference.rnnt_loss(y_pred, tf.maximum(labels, 0), logit_lengths,
-                                        label_lengths, blank=self.blank)
-            loss = tf.reduce_mean(costs)
-            return loss / tf.distribute.get_strategy().num_replicas_in_sync
-
-    return ReferenceRNNTLoss
 
 
 def _dataset(args, tf, np):

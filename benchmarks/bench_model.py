@@ -149,35 +149,6 @@ def _model_kwargs(args):
                 joint_dim=args.joint_dim)
 
 
-def _reference_loss(reduction):
-    import keras
-    import tensorflow as tf
-
-    from tf_rnnt import reference
-
-    class ReferenceRNNTLoss(keras.losses.Loss):
-        """tf_rnnt.reference.rnnt_loss on full logits; frame lengths from their Keras mask."""
-
-        def __init__(self):
-            super().__init__(name="reference_rnnt_loss", reduction=reduction)
-
-        def __call__(self, y_true, y_pred, sample_weight=None):
-            mask = getattr(y_pred, "_keras_mask", None)
-            labels = tf.cast(tf.round(y_true), tf.int32)
-            label_lengths = tf.reduce_sum(tf.cast(labels >= 0, tf.int32), axis=1)
-            if mask is None:
-                logit_lengths = tf.fill([tf.shape(y_pred)[0]], tf.shape(y_pred)[1])
-            else:
-                logit_lengths = tf.reduce_sum(tf.cast(mask, tf.int32), axis=1)
-            costs = reference.rnnt_loss(y_pred, tf.maximum(labels, 0), logit_lengths,
-                                        label_lengths, blank=0)
-            if reduction is None:
-                return costs
-            return tf.reduce_mean(costs) / tf.distribute.get_strategy().num_replicas_in_sync
-
-    return ReferenceRNNTLoss()
-
-
 def build(args, variant, reduction="sum_over_batch_size"):
     """(model, loss) of a variant under the current dtype policy."""
     from tf_rnnt import keras as tf_rnnt_keras
@@ -192,7 +163,9 @@ def build(args, variant, reduction="sum_over_batch_size"):
     elif variant == "logits":
         loss = tf_rnnt_keras.RNNTLoss(reduction=reduction)
     else:
-        loss = _reference_loss(reduction)
+        from keras_baselines import ReferenceRNNTLoss
+
+        loss = ReferenceRNNTLoss(reduction=reduction)
     return model, loss
 
 

@@ -148,7 +148,7 @@ def build(out, jobs, tests=False):
         obj = os.path.join(obj_dir, os.path.basename(src) + ".o")
         objects.append(obj)
         deps = [src] + [os.path.join(d, f) for d in (os.path.join(SRC, "include", "tf_rnnt"),
-                                                     os.path.join(SRC, "core"))
+                                                     os.path.join(SRC, "core"), os.path.join(SRC, "tf"))
                         for f in os.listdir(d) if f.endswith((".h", ".cuh"))]
         if not os.path.exists(obj) or os.path.getmtime(obj) < max(map(os.path.getmtime, deps)):
             jobs_list.append(cmd_fn(src, obj))

@@ -281,6 +281,21 @@ def upstream_weights(batch, seed=1):
 
 # ----------------------------------------------------------------------------- comparisons
 
+def central_differences(fn, x, step=1e-6):
+    """d fn / d x of a scalar function of an array, by central differences in float64."""
+    x = np.array(x, np.float64)
+    grad = np.zeros_like(x)
+    for index in np.ndindex(x.shape):
+        saved = x[index]
+        x[index] = saved + step
+        plus = fn(x)
+        x[index] = saved - step
+        minus = fn(x)
+        x[index] = saved
+        grad[index] = (plus - minus) / (2 * step)
+    return grad
+
+
 def assert_close(actual, expected, rtol=1e-5, err_msg=""):
     """|actual - expected| <= rtol * (|expected| + max|expected|), elementwise.
 

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 import tf_rnnt
 from conftest import DEVICES, requires_gpu
+from test_keras import GradientRecorder
 from tf_rnnt import ops as rnnt_ops
 from tf_rnnt import reference
 from tf_rnnt.keras import FlashRNNTLoss, RNNTJoint, RNNTLoss
@@ -201,23 +202,6 @@ def test_fallback_without_xla_kernels_equals_eager_and_warns(monkeypatch):
 # ----------------------------------------------------------------------------------------------
 # Keras: model.compile(jit_compile=...) with RNNTJoint + FlashRNNTLoss and with RNNTLoss.
 # ----------------------------------------------------------------------------------------------
-class GradientRecorder(keras.optimizers.Optimizer):
-    """Stores each variable's gradient and changes nothing."""
-
-    def __init__(self, **kwargs):
-        super().__init__(learning_rate=0.0, **kwargs)
-
-    def build(self, variables):
-        if self.built:
-            return
-        super().build(variables)
-        self.gradients = [self.add_variable_from_reference(v, name="gradient") for v in variables]
-
-    def update_step(self, gradient, variable, learning_rate):
-        self.assign(self.gradients[self._get_variable_index(variable)],
-                    tf.convert_to_tensor(gradient))
-
-
 class ShiftedLabels(keras.layers.Layer):
     """Predictor input: blank (0) then the labels, padding mapped to 0."""
 

@@ -7,6 +7,7 @@ before TensorFlow initializes, so they run in a subprocess).
 """
 
 import os
+import sys
 
 import keras
 import numpy as np
@@ -19,6 +20,10 @@ from tf_rnnt import ops as rnnt_ops
 from tf_rnnt import reference
 from tf_rnnt.keras import PAD_NODE_VALUE, FlashRNNTLoss, PredictorInput, RNNTJoint, RNNTLoss
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
+from keras_baselines import LogitsHead  # noqa: E402  (the benchmarks' full-logits head)
+
 VOCAB = 7  # blank 0 + 6 labels
 FEATURES = 5
 ENCODER_DIM = 8
@@ -30,27 +35,6 @@ PAD = -1
 # ----------------------------------------------------------------------------------------------
 # A small transducer and its data (shared with test_keras_distributed.py).
 # ----------------------------------------------------------------------------------------------
-@keras.saving.register_keras_serializable(package="tf_rnnt_tests")
-class LogitsHead(keras.layers.Layer):
-    """Full logits from an RNNTJoint's weights (`joint.logits`), keeping the frame mask."""
-
-    def __init__(self, joint, **kwargs):
-        super().__init__(**kwargs)
-        self.joint = joint
-
-    def build(self, input_shape):
-        self.joint.build(list(input_shape) + [(None, None)])
-
-    def call(self, inputs, mask=None):
-        return self.joint.logits(inputs[0], inputs[1])
-
-    def compute_mask(self, inputs, mask=None):
-        return None if mask is None else mask[0]
-
-    def compute_output_shape(self, input_shape):
-        return (input_shape[0][0], input_shape[0][1], input_shape[1][1], self.joint.vocab_size)
-
-
 def joint_of(model):
     layer = model.get_layer("joint")
     return layer.joint if isinstance(layer, LogitsHead) else layer

@@ -109,6 +109,12 @@ def run_logits_to_lattice(logits, labels, d_lattice, blank=0, device="/CPU:0",
     return lattice.numpy(), tf.cast(grad, tf.float64).numpy()
 
 
+def _assert_int64_run_matches(run32, run64):
+    """The (values, gradients) of a run given int64 labels or lengths equal the int32 run's."""
+    np.testing.assert_allclose(run64[0], run32[0], rtol=1e-6)
+    np.testing.assert_allclose(run64[1], run32[1], rtol=1e-6, atol=1e-7)
+
+
 # ------------------------------------------------------------------------------ the oracle itself
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -138,20 +144,6 @@ def test_oracle_fastemit_and_clamp_match_reference(fastemit_lambda, clamp):
     oracle.assert_close(ref_grads, grads, RTOL)
 
 
-def _central_differences(fn, x, step=1e-6):
-    x = np.array(x, np.float64)
-    grad = np.zeros_like(x)
-    for index in np.ndindex(x.shape):
-        saved = x[index]
-        x[index] = saved + step
-        plus = fn(x)
-        x[index] = saved - step
-        minus = fn(x)
-        x[index] = saved
-        grad[index] = (plus - minus) / (2 * step)
-    return grad
-
-
 def test_oracle_gradients_match_finite_differences():
     logits, labels, logit_lengths, label_lengths = _problem(2, (2, 4, 3, 4), blank=-1)
     upstream = np.array([0.7, -1.3])
@@ -161,7 +153,8 @@ def test_oracle_gradients_match_finite_differences():
     def total(x):
         return np.dot(oracle.rnnt_loss(x, labels, logit_lengths, label_lengths, -1)[0], upstream)
 
-    np.testing.assert_allclose(grads, _central_differences(total, logits), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(grads, oracle.central_differences(total, logits), rtol=1e-6,
+                               atol=1e-8)
 
     lattice = oracle.lattice_from_logits(logits, labels, -1)
     _, lattice_grads = oracle.lattice_loss(lattice, logit_lengths, label_lengths,
@@ -170,7 +163,7 @@ def test_oracle_gradients_match_finite_differences():
     def lattice_total(x):
         return np.dot(oracle.lattice_loss(x, logit_lengths, label_lengths)[0], upstream)
 
-    np.testing.assert_allclose(lattice_grads, _central_differences(lattice_total, lattice),
+    np.testing.assert_allclose(lattice_grads, oracle.central_differences(lattice_total, lattice),
                                rtol=1e-6, atol=1e-8)
 
 
@@ -261,11 +254,10 @@ def test_lattice_loss_single_node(device):
 def test_lattice_loss_int64_lengths(device):
     lattice, logit_lengths, label_lengths = _random_lattice(8, (3, 5, 3, 4))
     lattice = lattice.astype(np.float32)
-    costs32, grads32 = run_lattice_loss(lattice, logit_lengths, label_lengths, None, device)
-    costs64, grads64 = run_lattice_loss(lattice, logit_lengths.astype(np.int64),
-                                        label_lengths.astype(np.int64), None, device)
-    np.testing.assert_allclose(costs64, costs32, rtol=1e-6)
-    np.testing.assert_allclose(grads64, grads32, rtol=1e-6, atol=1e-7)
+    _assert_int64_run_matches(
+        run_lattice_loss(lattice, logit_lengths, label_lengths, None, device),
+        run_lattice_loss(lattice, logit_lengths.astype(np.int64), label_lengths.astype(np.int64),
+                         None, device))
 
 
 # ------------------------------------------------------------------------------ logits_to_lattice
@@ -316,11 +308,9 @@ def test_logits_to_lattice_out_of_range_padded_labels_give_zero(device):
 def test_logits_to_lattice_int64_labels(device):
     logits, labels, _, _ = _problem(15, (2, 4, 3, 5))
     d_lattice = np.ones((2, 4, 4, 2))
-    lattice32, grads32 = run_logits_to_lattice(logits, labels, d_lattice, 0, device)
-    lattice64, grads64 = run_logits_to_lattice(logits, labels.astype(np.int64), d_lattice, 0,
-                                               device)
-    np.testing.assert_allclose(lattice64, lattice32, rtol=1e-6)
-    np.testing.assert_allclose(grads64, grads32, rtol=1e-6, atol=1e-7)
+    _assert_int64_run_matches(
+        run_logits_to_lattice(logits, labels, d_lattice, 0, device),
+        run_logits_to_lattice(logits, labels.astype(np.int64), d_lattice, 0, device))
 
 
 # ------------------------------------------------------------------------------ rnnt_loss
@@ -433,13 +423,12 @@ def test_rnnt_loss_fastemit_and_clamp(fastemit_lambda, clamp, device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_rnnt_loss_int64_labels_and_lengths(device):
     logits, labels, logit_lengths, label_lengths = _problem(22, (3, 5, 3, 6))
-    costs32, grads32 = run_rnnt_loss(tf_rnnt.rnnt_loss, logits, labels, logit_lengths,
-                                     label_lengths, None, device)
-    costs64, grads64 = run_rnnt_loss(tf_rnnt.rnnt_loss, logits, labels.astype(np.int64),
-                                     logit_lengths.astype(np.int64),
-                                     label_lengths.astype(np.int64), None, device)
-    np.testing.assert_allclose(costs64, costs32, rtol=1e-6)
-    np.testing.assert_allclose(grads64, grads32, rtol=1e-6, atol=1e-7)
+    _assert_int64_run_matches(
+        run_rnnt_loss(tf_rnnt.rnnt_loss, logits, labels, logit_lengths, label_lengths, None,
+                      device),
+        run_rnnt_loss(tf_rnnt.rnnt_loss, logits, labels.astype(np.int64),
+                      logit_lengths.astype(np.int64), label_lengths.astype(np.int64), None,
+                      device))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernel_shared.h"
 #include "op_inputs.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -73,43 +74,19 @@ bool validate_lengths(OpKernelContext* ctx, const Tensor& logit_lengths,
   TF_RNNT_REQUIRE(ctx, label_lengths.dims() == 1 && label_lengths.dim_size(0) == B, false,
                   InvalidArgument("label_lengths must have shape [", B, "] (the batch size), got ",
                                   label_lengths.shape().DebugString()));
-  const auto logit = logit_lengths.flat<int32_t>();
-  const auto label = label_lengths.flat<int32_t>();
-  for (int64_t b = 0; b < B; ++b) {
-    TF_RNNT_REQUIRE(ctx, logit(b) >= 1 && logit(b) <= T, false,
-                    InvalidArgument("logit_lengths[", b, "] = ", logit(b), " must be in [1, ", T,
-                                    "] (T, the padded number of frames)"));
-    TF_RNNT_REQUIRE(ctx, label(b) >= 0 && label(b) <= U1 - 1, false,
-                    InvalidArgument("label_lengths[", b, "] = ", label(b), " must be in [0, ",
-                                    U1 - 1, "] (U, the padded number of labels)"));
-  }
+  const std::string error = lengths_error(logit_lengths.flat<int32_t>().data(),
+                                          label_lengths.flat<int32_t>().data(), B, T, U1 - 1);
+  TF_RNNT_REQUIRE(ctx, error.empty(), false, InvalidArgument(error));
   return true;
 }
 
 // labels[b, u] for u < label_lengths[b] in [0, V) and != blank.
 bool validate_labels(OpKernelContext* ctx, const Tensor& labels, const Tensor& label_lengths,
                      int64_t V, int blank) {
-  const auto lab = labels.matrix<int32_t>();
-  const auto len = label_lengths.flat<int32_t>();
-  for (int64_t b = 0; b < labels.dim_size(0); ++b) {
-    for (int64_t u = 0; u < len(b); ++u) {
-      const int32_t y = lab(b, u);
-      TF_RNNT_REQUIRE(ctx, y >= 0 && y < V, false,
-                      InvalidArgument("labels[", b, ", ", u, "] = ", y, " must be in [0, ", V,
-                                      ") (V, the vocabulary size)"));
-      TF_RNNT_REQUIRE(ctx, y != blank, false,
-                      InvalidArgument("labels[", b, ", ", u, "] = ", y,
-                                      " is the blank index; labels must not contain blank"));
-    }
-  }
-  return true;
-}
-
-bool normalize_blank(OpKernelContext* ctx, int blank_attr, int64_t V, int* blank) {
-  *blank = blank_attr < 0 ? static_cast<int>(blank_attr + V) : blank_attr;
-  TF_RNNT_REQUIRE(ctx, *blank >= 0 && *blank < V, false,
-                  InvalidArgument("blank = ", blank_attr, " must be in [-", V, ", ", V,
-                                  ") (V, the vocabulary size)"));
+  const std::string error =
+      labels_error(labels.matrix<int32_t>().data(), label_lengths.flat<int32_t>().data(),
+                   labels.dim_size(0), labels.dim_size(1), V, blank);
+  TF_RNNT_REQUIRE(ctx, error.empty(), false, InvalidArgument(error));
   return true;
 }
 
@@ -155,9 +132,7 @@ struct CoreFunctor;
 
 template <>
 struct CoreFunctor<CpuDevice> {
-  // Bytes for one tile's workspace by default: TensorFlow's CPU allocator keeps freed blocks, and
-  // large tiles buy nothing on the CPU.
-  static constexpr int64_t kDefaultMemoryBudget = 64LL << 20;
+  static constexpr int64_t kDefaultMemoryBudget = kDefaultCpuMemoryBudget;
 
   explicit CoreFunctor(OpKernelContext* ctx) {
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
@@ -185,7 +160,7 @@ struct CoreFunctor<CpuDevice> {
 template <>
 struct CoreFunctor<GpuDevice> {
   // The GPU needs large tiles for efficient GEMMs.
-  static constexpr int64_t kDefaultMemoryBudget = 256LL << 20;
+  static constexpr int64_t kDefaultMemoryBudget = kDefaultGpuMemoryBudget;
 
   explicit CoreFunctor(OpKernelContext* ctx)
       : stream(ctx->op_device_context()->stream()->platform_specific_handle().stream) {}
@@ -224,8 +199,8 @@ class LatticeLossOp : public OpKernel {
                                 lattice.shape().DebugString()));
     const int64_t B = lattice.dim_size(0), T = lattice.dim_size(1), U1 = lattice.dim_size(2);
     if (validate_) {
-      if (!validate_lengths(ctx, ctx->input(kLogitLengthsHost), ctx->input(kLabelLengthsHost), B,
-                            T, U1)) {
+      if (!validate_lengths(ctx, ctx->input(kLogitLengthsHost), ctx->input(kLabelLengthsHost), B, T,
+                            U1)) {
         return;
       }
     } else {
@@ -253,16 +228,14 @@ class LatticeLossOp : public OpKernel {
                    ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({B, T, U1}), &betas));
     const CoreFunctor<Device> core(ctx);
     // Unvalidated lengths are read from the device inputs only (host memory on the CPU).
-    const int32_t* logit_lengths = validate_
-                                       ? core.lengths(ctx, kLogitLengths, kLogitLengthsHost)
-                                       : ctx->input(kLogitLengths).flat<int32_t>().data();
-    const int32_t* label_lengths = validate_
-                                       ? core.lengths(ctx, kLabelLengths, kLabelLengthsHost)
-                                       : ctx->input(kLabelLengths).flat<int32_t>().data();
-    const Status s = core.lattice_loss(
-        lattice.flat<float>().data(), logit_lengths, label_lengths, B, T, U1, options_,
-        costs->flat<float>().data(), grads->flat<float>().data(), alphas.flat<float>().data(),
-        betas.flat<float>().data());
+    const int32_t* logit_lengths = validate_ ? core.lengths(ctx, kLogitLengths, kLogitLengthsHost)
+                                             : ctx->input(kLogitLengths).flat<int32_t>().data();
+    const int32_t* label_lengths = validate_ ? core.lengths(ctx, kLabelLengths, kLabelLengthsHost)
+                                             : ctx->input(kLabelLengths).flat<int32_t>().data();
+    const Status s =
+        core.lattice_loss(lattice.flat<float>().data(), logit_lengths, label_lengths, B, T, U1,
+                          options_, costs->flat<float>().data(), grads->flat<float>().data(),
+                          alphas.flat<float>().data(), betas.flat<float>().data());
     OP_REQUIRES_OK(ctx, to_tf_status(s, "lattice_loss"));
   }
 
@@ -301,12 +274,9 @@ class LogitsToLatticeOp : public OpKernel {
       OP_REQUIRES(ctx, lengths.dims() == 1 && lengths.dim_size(0) == B,
                   InvalidArgument("label_lengths must have shape [", B, "], got ",
                                   lengths.shape().DebugString()));
-      const auto len = lengths.flat<int32_t>();
-      for (int64_t b = 0; b < B; ++b) {
-        OP_REQUIRES(ctx, len(b) >= 0 && len(b) <= U1 - 1,
-                    InvalidArgument("label_lengths[", b, "] = ", len(b), " must be in [0, ", U1 - 1,
-                                    "] (U, the padded number of labels)"));
-      }
+      const std::string error =
+          lengths_error(nullptr, lengths.flat<int32_t>().data(), B, T, U1 - 1);
+      OP_REQUIRES(ctx, error.empty(), InvalidArgument(error));
       if (!validate_labels(ctx, ctx->input(kLabelsHost), lengths, V, blank)) return;
     }
     Tensor* lattice = nullptr;
@@ -357,28 +327,6 @@ class LogitsToLatticeGradOp : public OpKernel {
 };
 
 // ------------------------------------------------------------------ fused joint
-struct JointAttrs {
-  int blank_attr = 0;
-  Activation activation = Activation::kTanh;
-  bool untiled = false;
-  int64_t tile_nodes = 0;
-  int64_t memory_budget = 0;
-  bool allow_tf32 = true;
-
-  explicit JointAttrs(OpKernelConstruction* ctx) {
-    std::string act;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("blank", &blank_attr));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("activation", &act));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("untiled", &untiled));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("tile_nodes", &tile_nodes));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("memory_budget", &memory_budget));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("allow_tf32", &allow_tf32));
-    activation = act == "relu"       ? Activation::kRelu
-                 : act == "identity" ? Activation::kIdentity
-                                     : Activation::kTanh;
-  }
-};
-
 // Shapes, validation, the packed-node plan and the workspace shared by the forward and backward
 // kernels.
 template <typename Device>
@@ -432,12 +380,8 @@ struct JointPlan {
     options.activation = attrs.activation;
     options.dtype = core_dtype(enc.dtype());
     options.allow_tf32 = attrs.allow_tf32;
-    host_offsets.resize(B + 1);
-    in.host.logit_lengths = logit_lengths_host.flat<int32_t>().data();
-    in.host.label_lengths = label_lengths_host.flat<int32_t>().data();
-    joint_node_offsets(in.host.logit_lengths, in.host.label_lengths, shape.B, host_offsets.data());
-    in.host.node_offsets = host_offsets.data();
-    in.host.num_nodes = host_offsets[B];
+    in.host = host_plan(logit_lengths_host.flat<int32_t>().data(),
+                        label_lengths_host.flat<int32_t>().data(), shape.B, &host_offsets);
     in.encoder = enc.tensor_data().data();
     in.predictor = pred.tensor_data().data();
     in.kernel = kernel.tensor_data().data();
@@ -450,19 +394,14 @@ struct JointPlan {
 
   int64_t num_nodes() const { return in.host.num_nodes; }
 
-  // Tile size: the attribute, else as many nodes as fit memory_budget.
+  // Tile size: every node untiled, else the attribute, else as many nodes as fit memory_budget.
   int64_t tile_nodes(const JointAttrs& attrs) const {
-    const int64_t n = num_nodes();
-    if (attrs.untiled || n == 0) return std::max<int64_t>(n, 1);
-    if (attrs.tile_nodes > 0) return std::min(attrs.tile_nodes, n);
-    const int64_t budget =
-        attrs.memory_budget > 0 ? attrs.memory_budget : Core::kDefaultMemoryBudget;
-    // Marginal bytes per node (the workspace also holds tile-independent buffers).
-    auto bytes = [&](int64_t nodes) {
-      return static_cast<int64_t>(Core::joint_workspace_bytes(shape, options, nodes, true, false));
-    };
-    const int64_t per_node = (bytes(2048) - bytes(1024)) / 1024;
-    return std::max<int64_t>(1, std::min(n, budget / std::max<int64_t>(per_node, 1)));
+    if (attrs.untiled) return std::max<int64_t>(num_nodes(), 1);
+    return joint_tile_nodes(num_nodes(), attrs.tile_nodes, attrs.memory_budget,
+                            Core::kDefaultMemoryBudget, [&](int64_t nodes) {
+                              return Core::joint_workspace_bytes(shape, options, nodes, true,
+                                                                 false);
+                            });
   }
 
   // Allocates the workspace, halving the tile while the allocation fails; sets in.host.tile_nodes.

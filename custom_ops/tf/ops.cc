@@ -109,6 +109,16 @@ REGISTER_OP("TfRnntLogitsToLatticeGrad")
       return Status();
     });
 
+// The inputs both joint ops start with (joint_in in op_inputs.h).
+#define TF_RNNT_JOINT_INPUTS         \
+  Input("encoder: dtype")            \
+      .Input("predictor: dtype")     \
+      .Input("kernel: dtype")        \
+      .Input("bias: dtype")          \
+      .Input("labels: int32")        \
+      .Input("logit_lengths: int32") \
+      .Input("label_lengths: int32")
+
 #define TF_RNNT_JOINT_ATTRS                             \
   Attr("dtype: {float, half, bfloat16}")                \
       .Attr("blank: int")                               \
@@ -119,13 +129,7 @@ REGISTER_OP("TfRnntLogitsToLatticeGrad")
       .Attr("allow_tf32: bool = true")
 
 REGISTER_OP("TfRnntJointLattice")
-    .Input("encoder: dtype")
-    .Input("predictor: dtype")
-    .Input("kernel: dtype")
-    .Input("bias: dtype")
-    .Input("labels: int32")
-    .Input("logit_lengths: int32")
-    .Input("label_lengths: int32")
+    .TF_RNNT_JOINT_INPUTS
     .Input("labels_host: int32")
     .Input("logit_lengths_host: int32")
     .Input("label_lengths_host: int32")
@@ -160,13 +164,7 @@ REGISTER_OP("TfRnntJointLattice")
     .Doc("Fused joint + output layer + log-softmax picks, tile by tile (Flash RNN-T).");
 
 REGISTER_OP("TfRnntJointLatticeGrad")
-    .Input("encoder: dtype")
-    .Input("predictor: dtype")
-    .Input("kernel: dtype")
-    .Input("bias: dtype")
-    .Input("labels: int32")
-    .Input("logit_lengths: int32")
-    .Input("label_lengths: int32")
+    .TF_RNNT_JOINT_INPUTS
     .Input("logit_lengths_host: int32")
     .Input("label_lengths_host: int32")
     .Input("lse: float")

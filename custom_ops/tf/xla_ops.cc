@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "kernel_shared.h"
 #include "op_inputs.h"
 #include "tensorflow/compiler/tf2xla/xla_op_kernel.h"
 #include "tensorflow/core/framework/kernel_def_builder.h"
@@ -47,9 +48,6 @@ using ::tensorflow::XlaOpKernel;
 using ::tensorflow::XlaOpKernelContext;
 using ::tensorflow::errors::InvalidArgument;
 
-constexpr int64_t kDefaultGpuMemoryBudget = 256LL << 20;
-constexpr int64_t kDefaultCpuMemoryBudget = 64LL << 20;
-
 size_t joint_workspace_bytes(const JointShape& shape, const JointOptions& options,
                              int64_t tile_nodes, bool backward, bool gpu) {
   return gpu ? joint_workspace_bytes_cuda(shape, options, tile_nodes, backward, false)
@@ -60,16 +58,9 @@ size_t joint_workspace_bytes(const JointShape& shape, const JointOptions& option
 // nodes valid.
 int64_t tile_nodes_for(const JointShape& shape, const JointOptions& options, int64_t num_nodes,
                        int64_t tile_attr, int64_t budget_attr, bool gpu) {
-  if (num_nodes == 0) return 1;
-  if (tile_attr > 0) return std::min(tile_attr, num_nodes);
-  const int64_t budget = budget_attr > 0 ? budget_attr
-                         : gpu           ? kDefaultGpuMemoryBudget
-                                         : kDefaultCpuMemoryBudget;
-  auto bytes = [&](int64_t nodes) {
-    return static_cast<int64_t>(joint_workspace_bytes(shape, options, nodes, true, gpu));
-  };
-  const int64_t per_node = (bytes(2048) - bytes(1024)) / 1024;
-  return std::max<int64_t>(1, std::min(num_nodes, budget / std::max<int64_t>(per_node, 1)));
+  return joint_tile_nodes(
+      num_nodes, tile_attr, budget_attr, gpu ? kDefaultGpuMemoryBudget : kDefaultCpuMemoryBudget,
+      [&](int64_t nodes) { return joint_workspace_bytes(shape, options, nodes, true, gpu); });
 }
 
 // ------------------------------------------------------------------ lowering helpers
@@ -120,16 +111,6 @@ bool static_dims(XlaOpKernelContext* ctx, int index, const char* name, int rank,
     return false;
   }
   dims->assign(shape->dimensions().begin(), shape->dimensions().end());
-  return true;
-}
-
-bool normalize_blank(XlaOpKernelContext* ctx, int64_t blank_attr, int64_t V, int64_t* blank) {
-  *blank = blank_attr < 0 ? blank_attr + V : blank_attr;
-  if (*blank < 0 || *blank >= V) {
-    ctx->CtxFailure(InvalidArgument("blank = ", blank_attr, " must be in [-", V, ", ", V,
-                                    ") (V, the vocabulary size)"));
-    return false;
-  }
   return true;
 }
 
@@ -231,24 +212,9 @@ class LogitsToLatticeGradXla : public XlaOpKernel {
   int blank_attr_ = 0;
 };
 
-struct JointXlaAttrs {
-  int blank_attr = 0;
-  Activation activation = Activation::kTanh;
-  int64_t tile_nodes = 0;
-  int64_t memory_budget = 0;
-  bool allow_tf32 = true;
-
-  explicit JointXlaAttrs(::tensorflow::OpKernelConstruction* ctx) {
-    std::string act;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("blank", &blank_attr));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("activation", &act));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("tile_nodes", &tile_nodes));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("memory_budget", &memory_budget));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("allow_tf32", &allow_tf32));
-    activation = act == "relu"       ? Activation::kRelu
-                 : act == "identity" ? Activation::kIdentity
-                                     : Activation::kTanh;
-  }
+// The joint's attributes (untiled is ignored: under XLA the joint always runs tiled).
+struct JointXlaAttrs : JointAttrs {
+  using JointAttrs::JointAttrs;
 
   // [B, T, H], [B, U1, H], [H, V], [V], [B, U]: checks and returns B, T, U1, H, V and blank.
   bool dims(XlaOpKernelContext* ctx, std::vector<int64_t>* enc, std::vector<int64_t>* pred,
@@ -440,36 +406,9 @@ bool core_dtype(ffi::DataType t, DType* dtype) {
   }
 }
 
-// Same messages as the TensorFlow kernels.
-ffi::Error check_lengths(const int32_t* logit, const int32_t* label, int64_t B, int64_t T,
-                         int64_t U) {
-  for (int64_t b = 0; b < B; ++b) {
-    if (logit && (logit[b] < 1 || logit[b] > T)) {
-      return invalid("logit_lengths[" + std::to_string(b) + "] = " + std::to_string(logit[b]) +
-                     " must be in [1, " + std::to_string(T) + "] (T, the padded number of frames)");
-    }
-    if (label[b] < 0 || label[b] > U) {
-      return invalid("label_lengths[" + std::to_string(b) + "] = " + std::to_string(label[b]) +
-                     " must be in [0, " + std::to_string(U) + "] (U, the padded number of labels)");
-    }
-  }
-  return ffi::Error::Success();
-}
-
-ffi::Error check_labels(const int32_t* labels, const int32_t* lengths, int64_t B, int64_t U,
-                        int64_t V, int64_t blank) {
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t u = 0; u < lengths[b]; ++u) {
-      const int32_t y = labels[b * U + u];
-      const std::string at =
-          "labels[" + std::to_string(b) + ", " + std::to_string(u) + "] = " + std::to_string(y);
-      if (y < 0 || y >= V) {
-        return invalid(at + " must be in [0, " + std::to_string(V) + ") (V, the vocabulary size)");
-      }
-      if (y == blank) return invalid(at + " is the blank index; labels must not contain blank");
-    }
-  }
-  return ffi::Error::Success();
+// The shared checks (kernel_shared.h) as handler errors: "" is success.
+ffi::Error invalid_unless_empty(const std::string& message) {
+  return message.empty() ? ffi::Error::Success() : invalid(message);
 }
 
 // ParallelFor on XLA's intra-op thread pool. The caller takes shards too and never waits for a
@@ -537,10 +476,11 @@ ffi::Error joint_config(ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer 
   if (!core_dtype(enc.element_type(), &o->dtype)) {
     return invalid("joint_lattice: unsupported dtype");
   }
-  ffi::Error err = check_lengths(logit_lengths, label_lengths, s->B, s->T, s->U1 - 1);
+  ffi::Error err =
+      invalid_unless_empty(lengths_error(logit_lengths, label_lengths, s->B, s->T, s->U1 - 1));
   if (err.failure()) return err;
-  if (labels) return check_labels(labels, label_lengths, s->B, s->U1 - 1, s->V, blank);
-  return ffi::Error::Success();
+  if (!labels) return ffi::Error::Success();
+  return invalid_unless_empty(labels_error(labels, label_lengths, s->B, s->U1 - 1, s->V, blank));
 }
 
 // The inputs both joint passes read; in.host is left to the caller.
@@ -556,20 +496,6 @@ JointInputs joint_inputs(ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer
   in.logit_lengths = logit_lengths.typed_data();
   in.label_lengths = label_lengths.typed_data();
   return in;
-}
-
-// The host plan of the packed nodes from host lengths; *offsets holds the node offsets it points
-// to. tile_nodes is left to the caller.
-HostPlan host_plan(const int32_t* logit_lengths, const int32_t* label_lengths, int B,
-                   std::vector<int64_t>* offsets) {
-  offsets->resize(B + 1);
-  joint_node_offsets(logit_lengths, label_lengths, B, offsets->data());
-  HostPlan host;
-  host.logit_lengths = logit_lengths;
-  host.label_lengths = label_lengths;
-  host.node_offsets = offsets->data();
-  host.num_nodes = (*offsets)[B];
-  return host;
 }
 
 // The workspace result, checked to hold the bytes the handler's plan needs.
@@ -591,8 +517,8 @@ ffi::Error lattice_loss_host(ffi::Buffer<ffi::F32> lattice, ffi::Buffer<ffi::S32
                              float clamp, ffi::ThreadPool pool) {
   const auto d = lattice.dimensions();
   const int64_t B = d[0], T = d[1], U1 = d[2];
-  ffi::Error err =
-      check_lengths(logit_lengths.typed_data(), label_lengths.typed_data(), B, T, U1 - 1);
+  ffi::Error err = invalid_unless_empty(
+      lengths_error(logit_lengths.typed_data(), label_lengths.typed_data(), B, T, U1 - 1));
   if (err.failure()) return err;
   if (B == 0) return ffi::Error::Success();
   void* alphas;
@@ -620,9 +546,11 @@ ffi::Error logits_to_lattice_host(ffi::AnyBuffer logits, ffi::Buffer<ffi::S32> l
   if (!core_dtype(logits.element_type(), &dtype))
     return invalid("logits_to_lattice: unsupported dtype");
   if (validate) {
-    ffi::Error err = check_lengths(nullptr, label_lengths.typed_data(), B, T, U1 - 1);
+    ffi::Error err =
+        invalid_unless_empty(lengths_error(nullptr, label_lengths.typed_data(), B, T, U1 - 1));
     if (err.failure()) return err;
-    err = check_labels(labels.typed_data(), label_lengths.typed_data(), B, U1 - 1, V, blank);
+    err = invalid_unless_empty(
+        labels_error(labels.typed_data(), label_lengths.typed_data(), B, U1 - 1, V, blank));
     if (err.failure()) return err;
   }
   return from_core(

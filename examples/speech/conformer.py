@@ -38,11 +38,18 @@ looks at whole utterances (no streaming export).
 """
 
 import math
+import os
+import sys
 
 import keras
 import tensorflow as tf
 
 from tf_rnnt.keras import RNNTJoint, conv_output_lengths
+
+# The speech recipe's model.py sits beside this file, also when this file is loaded by its path.
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model import Predictor  # noqa: E402
 
 SUBSAMPLING = 4
 
@@ -280,8 +287,9 @@ class ConformerEncoder(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="tf_rnnt_conformer")
-class LSTMPredictor(keras.layers.Layer):
-    """Embedding + LSTM prediction network over blank-prefixed labels.
+class LSTMPredictor(Predictor):
+    """Embedding + LSTM prediction network over blank-prefixed labels: the speech recipe's
+    `model.Predictor` with the Conformer's sizes and a cuDNN switch.
 
     Call: `predictor(labels)` with `[B, U]` labels padded with negative ids -> `[B, U+1, D]`:
     step 0 sees the blank, step u the label u.
@@ -299,58 +307,17 @@ class LSTMPredictor(keras.layers.Layer):
 
     def __init__(self, vocab_size, embedding_dim=640, predictor_dim=640, blank=0, dropout=0.1,
                  use_cudnn="auto", **kwargs):
-        super().__init__(**kwargs)
-        self.vocab_size, self.embedding_dim, self.predictor_dim = vocab_size, embedding_dim, \
-            predictor_dim
-        self.blank, self.dropout, self.use_cudnn = blank, dropout, use_cudnn
-        cudnn = use_cudnn
+        self.use_cudnn = use_cudnn  # read by _lstm_options while Predictor builds the LSTM
+        super().__init__(vocab_size, embedding_dim, predictor_dim, blank, dropout, **kwargs)
+
+    def _lstm_options(self):
+        cudnn = self.use_cudnn
         if cudnn == "auto" and self.dtype_policy.compute_dtype == "bfloat16":
             cudnn = False
-        self.embedding = keras.layers.Embedding(vocab_size, embedding_dim, name="embedding")
-        self.lstm = keras.layers.LSTM(predictor_dim, return_sequences=True, return_state=True,
-                                      use_cudnn=cudnn, name="lstm")
-        self.drop = keras.layers.Dropout(dropout)
-
-    def build(self, input_shape):
-        self.embedding.build((None, None))
-        self.lstm.build((None, None, self.embedding_dim))
-        self.built = True
-
-    def _tokens(self, labels):
-        labels = tf.cast(labels, tf.int32)
-        labels = tf.where(labels < 0, self.blank, labels)
-        return tf.pad(labels, [[0, 0], [1, 0]], constant_values=self.blank)
-
-    def call(self, labels, training=False):
-        out, _, _ = self.lstm(self.embedding(self._tokens(labels)), training=training)
-        return self.drop(out, training=training)
-
-    def initial_state(self, batch_size):
-        zeros = tf.zeros([batch_size, self.predictor_dim])
-        return [zeros, zeros]
-
-    def state_specs(self):
-        """(width, dtype) of each state tensor: `[B, width]`."""
-        return [(self.predictor_dim, tf.float32), (self.predictor_dim, tf.float32)]
-
-    def step(self, tokens, state):
-        """One step: `[B]` token ids and `[h, c]` -> (`[B, D]` output, new `[h, c]`)."""
-        out, h, c = self.lstm(self.embedding(tokens[:, None]), initial_state=state)
-        return out[:, 0], [h, c]
-
-    def compute_mask(self, inputs, mask=None):
-        return None
-
-    def compute_output_shape(self, input_shape):
-        steps = input_shape[1]
-        return (input_shape[0], None if steps is None else steps + 1, self.predictor_dim)
+        return {"use_cudnn": cudnn}
 
     def get_config(self):
-        config = super().get_config()
-        config.update(vocab_size=self.vocab_size, embedding_dim=self.embedding_dim,
-                      predictor_dim=self.predictor_dim, blank=self.blank, dropout=self.dropout,
-                      use_cudnn=self.use_cudnn)
-        return config
+        return {**super().get_config(), "use_cudnn": self.use_cudnn}
 
 
 @keras.saving.register_keras_serializable(package="tf_rnnt_conformer")

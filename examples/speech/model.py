@@ -253,8 +253,12 @@ class Predictor(_PredictorBase):
         super().__init__(vocab_size, embedding_dim, predictor_dim, blank, dropout, **kwargs)
         self.embedding = keras.layers.Embedding(vocab_size, embedding_dim, name="embedding")
         self.lstm = keras.layers.LSTM(predictor_dim, return_sequences=True, return_state=True,
-                                      name="lstm")
+                                      name="lstm", **self._lstm_options())
         self.drop = keras.layers.Dropout(dropout)
+
+    def _lstm_options(self):
+        """More keras.layers.LSTM arguments (a subclass may choose cuDNN)."""
+        return {}
 
     def build(self, input_shape):
         self.embedding.build((None, None))
