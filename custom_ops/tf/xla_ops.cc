@@ -759,7 +759,7 @@ ffi::Error lattice_loss_cuda_ffi(CudaStream stream, ffi::Buffer<ffi::F32> lattic
                             {label_lengths.typed_data(), static_cast<size_t>(B), &label}},
                            stream, "lattice_loss");
   if (err.failure()) return err;
-  err = check_lengths(logit.data(), label.data(), B, T, U1 - 1);
+  err = invalid_unless_empty(lengths_error(logit.data(), label.data(), B, T, U1 - 1));
   if (err.failure() || B == 0) return err;
   void* alphas;
   err = workspace_for(workspace, 2 * sizeof(float) * B * T * U1, &alphas, "lattice_loss");
@@ -792,9 +792,9 @@ ffi::Error logits_to_lattice_cuda_ffi(CudaStream stream, ffi::AnyBuffer logits,
                               {labels.typed_data(), static_cast<size_t>(B * (U1 - 1)), &lab}},
                              stream, "logits_to_lattice");
     if (err.failure()) return err;
-    err = check_lengths(nullptr, len.data(), B, T, U1 - 1);
+    err = invalid_unless_empty(lengths_error(nullptr, len.data(), B, T, U1 - 1));
     if (err.failure()) return err;
-    err = check_labels(lab.data(), len.data(), B, U1 - 1, V, blank);
+    err = invalid_unless_empty(labels_error(lab.data(), len.data(), B, U1 - 1, V, blank));
     if (err.failure()) return err;
   }
   return from_core(
