@@ -10,5 +10,5 @@ export TF_RNNT_CUDA_ARCHS=${TF_RNNT_CUDA_ARCHS:-90}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q "tensorflow==2.21.*" "keras>=3.10" numpy pytest hypothesis \
-  setuptools wheel
+  setuptools wheel "ruff==0.14.0" "clang-format==23.1.5"
 "$VENV/bin/python" -m pip install -q --no-build-isolation --no-deps -e .

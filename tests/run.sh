@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup_env.sh
+bash scripts/check_style.sh
 scratch=$(mktemp -d)
 "$VENV/bin/python" -m pip install -q --no-build-isolation --no-deps --target "$scratch" .
 (cd "$scratch" && PYTHONPATH="$scratch" "$OLDPWD/$VENV/bin/python" -c \
