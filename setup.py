@@ -60,7 +60,7 @@ def tensorflow_extras(minor):
 
 
 class BuildPyWithOps(build_py):
-    """Copies the Python sources, then compiles _tf_rnnt_ops.so (and _build_info.json) next to them."""
+    """Copies the Python sources, then compiles _tf_rnnt_ops.so and _build_info.json beside them."""
 
     def run(self):
         super().run()
@@ -87,7 +87,9 @@ class BinaryDistribution(Distribution):
 
 TF_MINOR = tensorflow_minor()
 VERSION = package_version()
-if os.environ.get("TF_RNNT_VERSION_WITH_TF") == "1":  # binary wheels: 0.1.0 for TF 2.21 -> 0.1.0.221
+if (
+    os.environ.get("TF_RNNT_VERSION_WITH_TF") == "1"
+):  # binary wheels: 0.1.0 for TF 2.21 -> 0.1.0.221
     if TF_MINOR is None:
         raise SystemExit("TF_RNNT_VERSION_WITH_TF=1 needs TensorFlow importable")
     VERSION += f".{TF_MINOR[0]}{TF_MINOR[1]:02d}"

@@ -77,7 +77,9 @@ def build_conformer_stack(vocab_size, width=256, blocks=16, heads=4, kernel_size
     for i in range(blocks):
         x = conformer_block(x, width, heads, kernel_size, f"block{i}")
     predictor = keras.layers.Embedding(vocab_size, predictor_units)(ShiftedLabels()(labels))
-    predictor = keras.layers.LSTM(predictor_units, return_sequences=True, use_cudnn=False)(predictor)
+    predictor = keras.layers.LSTM(predictor_units, return_sequences=True, use_cudnn=False)(
+        predictor
+    )
     # The synthetic batches have no frame padding.
     lattice = RNNTJoint(vocab_size, joint_units, all_frames_valid=True, name="joint")(
         [x, predictor, labels])

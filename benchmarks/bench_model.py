@@ -26,8 +26,8 @@ Every run is its own subprocess (clean peak-memory statistics; an OOM stays cont
     GPU count, after the timed runs; `--search-gpus 0,1` runs the searches side by side, one
     GPU each; `--skip-batch-search` turns it off.
 
-`--gpus 1,2` runs `model.fit` on one GPU and under MirroredStrategy over 2 GPUs with the same per-GPU
-batch; `--workers 2` runs the custom loop of `examples/multiworker/train.py` under
+`--gpus 1,2` runs `model.fit` on one GPU and under MirroredStrategy over 2 GPUs with the same
+per-GPU batch; `--workers 2` runs the custom loop of `examples/multiworker/train.py` under
 MultiWorkerMirroredStrategy in 2 local worker processes (one GPU each, TF_CONFIG on free
 localhost ports, NCCL collectives); scaling is the throughput relative to the 1-GPU (1-worker)
 run of the same kind in this invocation (for workers without a 1-worker run: the 1-GPU fit).

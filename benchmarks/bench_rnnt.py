@@ -113,8 +113,9 @@ def joint_step(method, args, **kw):
             if method == "reference":
                 costs = reference.flash_rnnt_loss(enc, pred, kernel, bias, labels, tl, ul)
             else:
-                costs = tf_rnnt.flash_rnnt_loss(enc, pred, kernel, bias, labels, tl, ul, mode=method,
-                                                **kw)
+                costs = tf_rnnt.flash_rnnt_loss(
+                    enc, pred, kernel, bias, labels, tl, ul, mode=method, **kw
+                )
             loss = tf.reduce_sum(costs)
         grads = tape.gradient(loss, [enc, pred, kernel, bias])
         return loss + sum(tf.cast(tf.reduce_sum(g), tf.float32) for g in grads)
@@ -186,12 +187,17 @@ def suite_flash(args, lines, results):
     if device_name().startswith("GPU"):
         for dt in dtypes:
             rates[dt.name] = matmul_rate(dt)
-        lines.append("\nMeasured tf.matmul rate (8192^3): " + ", ".join(
-            f"{k}: {v / 1e12:.0f} TFLOP/s" for k, v in rates.items()) +
-            f" (float32 with TF32 {'on' if tf.config.experimental.tensor_float_32_execution_enabled() else 'off'})")
+        tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
+        lines.append(
+            "\nMeasured tf.matmul rate (8192^3): "
+            + ", ".join(f"{k}: {v / 1e12:.0f} TFLOP/s" for k, v in rates.items())
+            + f" (float32 with TF32 {'on' if tf32 else 'off'})"
+        )
     lines.append(f"\n### flash_rnnt_loss forward+backward ({device_name()})\n")
-    lines.append("| profile | lengths | dtype | method | time | peak above inputs | GEMM rate (4 GEMMs) "
-                 "| vs reference |")
+    lines.append(
+        "| profile | lengths | dtype | method | time | peak above inputs | GEMM rate (4 GEMMs) "
+        "| vs reference |"
+    )
     lines.append("|---|---|---|---|---|---|---|---|")
     results["flash"] = []
     length_kinds = ["full", "ragged"] if args.lengths == "both" else [args.lengths]
@@ -216,16 +222,21 @@ def suite_flash(args, lines, results):
             row = dict(profile=prof, lengths=lengths, dtype=dt.name, method=method, seconds=seconds,
                        peak_bytes=used, nodes=nodes, gemm_flops=flops)
             results["flash"].append(row)
-            lines.append(f"| {prof} | {lengths} | {dt.name} | {method} | {seconds * 1e3:.1f} ms | {fmt_bytes(used)} "
-                         f"| {rate / 1e12:.1f} TFLOP/s{frac} | |")
+            lines.append(
+                f"| {prof} | {lengths} | {dt.name} | {method} | {seconds * 1e3:.1f} ms "
+                f"| {fmt_bytes(used)} "
+                f"| {rate / 1e12:.1f} TFLOP/s{frac} | |"
+            )
             print(lines[-1], flush=True)
         if ref:
             for row in results["flash"]:
                 if (row["profile"], row["lengths"], row["dtype"]) == (prof, lengths, dt.name) \
                         and row["method"] != "reference":
-                    lines.append(f"| {prof} | {lengths} | {dt.name} | {row['method']} vs reference | "
-                                 f"{ref[0] / row['seconds']:.1f}x faster | "
-                                 f"1/{ref[1] / max(row['peak_bytes'], 1):.0f} of reference memory | | |")
+                    lines.append(
+                        f"| {prof} | {lengths} | {dt.name} | {row['method']} vs reference | "
+                        f"{ref[0] / row['seconds']:.1f}x faster | "
+                        f"1/{ref[1] / max(row['peak_bytes'], 1):.0f} of reference memory | | |"
+                    )
 
 
 def suite_scaling(args, lines, results):
@@ -242,7 +253,9 @@ def suite_scaling(args, lines, results):
         results["scaling_tu"].append(dict(T=T, U=U, nodes=nodes, seconds=seconds, peak_bytes=used))
         lines.append(f"| {T} | {U} | {nodes} | {seconds * 1e3:.1f} ms | {fmt_bytes(used)} |")
         print(lines[-1], flush=True)
-    lines.append(f"\n### Tile size (tiled, B={base['B']} T={base['T']} U={base['U']}, {device_name()})\n")
+    lines.append(
+        f"\n### Tile size (tiled, B={base['B']} T={base['T']} U={base['U']}, {device_name()})\n"
+    )
     lines.append("| dtype | tile_size (nodes) | time | peak above inputs |")
     lines.append("|---|---|---|---|")
     results["scaling_tile"] = []
@@ -260,28 +273,42 @@ def suite_scaling(args, lines, results):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--suite", choices=["loss", "flash", "scaling", "all"], default="all")
     parser.add_argument("--profile", default="auto", choices=["auto"] + list(PROFILES))
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--long-reference", action="store_true", help="also run the reference at 'long'")
+    parser.add_argument(
+        "--long-reference", action="store_true", help="also run the reference at 'long'"
+    )
     parser.add_argument("--methods", default="tiled,untiled,reference",
                         help="flash suite: comma-separated subset of tiled,untiled,reference")
-    parser.add_argument("--dtypes", default=None,
-                        help="flash suite and tile table: comma-separated dtypes (default: float32, "
-                             "plus bfloat16 on the GPU)")
+    parser.add_argument(
+        "--dtypes",
+        default=None,
+        help="flash suite and tile table: comma-separated dtypes (default: float32, "
+        "plus bfloat16 on the GPU)",
+    )
     parser.add_argument("--lengths", default="both", choices=["full", "ragged", "both"],
                         help="flash suite: all lengths full, ragged, or both (default)")
     parser.add_argument("--out", help="markdown file to write (a .json beside it too)")
     args = parser.parse_args()
-    lines = [f"# tf_rnnt benchmarks ({time.strftime('%Y-%m-%d')}, TensorFlow {tf.__version__}, "
-             f"device {device_name()}"
-             + (f": {tf.config.experimental.get_device_details(tf.config.list_physical_devices('GPU')[0]).get('device_name')}"
-                if device_name().startswith("GPU") else "") + ")"]
+    gpu_name = ""
+    if device_name().startswith("GPU"):
+        gpu = tf.config.list_physical_devices("GPU")[0]
+        details = tf.config.experimental.get_device_details(gpu)
+        gpu_name = f": {details.get('device_name')}"
+    lines = [
+        f"# tf_rnnt benchmarks ({time.strftime('%Y-%m-%d')}, TensorFlow {tf.__version__}, "
+        f"device {device_name()}{gpu_name})"
+    ]
     results = {}
     for suite in (["loss", "flash", "scaling"] if args.suite == "all" else [args.suite]):
-        {"loss": suite_loss, "flash": suite_flash, "scaling": suite_scaling}[suite](args, lines, results)
+        {"loss": suite_loss, "flash": suite_flash, "scaling": suite_scaling}[suite](
+            args, lines, results
+        )
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

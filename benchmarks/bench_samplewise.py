@@ -342,7 +342,7 @@ def main(argv=None):
         try:
             proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", setting],
                                   env=env, capture_output=True, text=True, timeout=left)
-            lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+            lines = [s for s in proc.stdout.splitlines() if s.startswith("RESULT ")]
             if proc.returncode == 0 and lines:
                 result = json.loads(lines[-1][len("RESULT "):])
             else:

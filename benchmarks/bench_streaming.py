@@ -31,6 +31,7 @@ tf.config.threading.set_inter_op_parallelism_threads(1)
 import export as speech_export  # noqa: E402
 import pipeline  # noqa: E402
 from model import LARGE, ModelConfig, build_model  # noqa: E402
+
 from tf_rnnt import export  # noqa: E402
 
 

@@ -54,9 +54,8 @@ def main():
     if args.summarize:
         summarize(args.summarize)
         return
-    import tensorflow as tf
-
     import bench_rnnt
+    import tensorflow as tf
 
     p = bench_rnnt.PROFILES[args.profile]
     inputs, _ = bench_rnnt.make_inputs(p["B"], p["T"], p["U"], p["H"], p["V"],

@@ -43,8 +43,11 @@ def find_nvcc():
 
 def find_cuda_home(nvcc):
     """The toolkit root holding include/cuda_runtime.h (nvcc may be a wrapper script)."""
-    for home in (os.environ.get("CUDA_HOME"), os.path.dirname(os.path.dirname(os.path.realpath(nvcc))),
-                 "/usr/local/cuda"):
+    for home in (
+        os.environ.get("CUDA_HOME"),
+        os.path.dirname(os.path.dirname(os.path.realpath(nvcc))),
+        "/usr/local/cuda",
+    ):
         if home and os.path.exists(os.path.join(home, "include", "cuda_runtime.h")):
             return home
     raise RuntimeError(f"found {nvcc} but no CUDA toolkit headers; set CUDA_HOME")
@@ -58,7 +61,11 @@ def cpu_flags():
 
 
 def cuda_archs():
-    return [a for a in os.environ.get("TF_RNNT_CUDA_ARCHS", DEFAULT_ARCHS).replace(",", ";").split(";") if a]
+    return [
+        a
+        for a in os.environ.get("TF_RNNT_CUDA_ARCHS", DEFAULT_ARCHS).replace(",", ";").split(";")
+        if a
+    ]
 
 
 def tool_version(cmd):
@@ -98,7 +105,7 @@ def write_build_info(lib_dir, tf_version, nvcc, archs, cxx, host_flags, xla):
 
 
 def tf_flags():
-    import tensorflow as tf  # noqa: deferred so --help works without TensorFlow
+    import tensorflow as tf  # deferred so --help works without TensorFlow
 
     return tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags(), tf.__version__
 
@@ -132,13 +139,28 @@ def build(out, jobs, tests=False):
     nvcc = find_nvcc()
     cuda_home = find_cuda_home(nvcc) if nvcc else None
     host_flags = cpu_flags()
-    obj_dir = os.path.join(ROOT, "build", "obj-" + hashlib.sha1(
-        (tf_version + str(nvcc) + sys.version + " ".join(host_flags + cuda_archs())).encode()).hexdigest()[:10])
+    obj_dir = os.path.join(
+        ROOT,
+        "build",
+        "obj-"
+        + hashlib.sha1(
+            (tf_version + str(nvcc) + sys.version + " ".join(host_flags + cuda_archs())).encode()
+        ).hexdigest()[:10],
+    )
     os.makedirs(obj_dir, exist_ok=True)
     include = ["-I" + os.path.join(SRC, "include"), "-I" + os.path.join(SRC, "core")]
     cxx = os.environ.get("CXX", "g++")
-    base = ["-O3", "-std=c++17", "-fPIC", *host_flags, "-Wall", "-Wno-sign-compare",
-            "-Wno-deprecated-declarations", "-Wno-unused-function", "-Wno-interference-size"] + include
+    base = [
+        "-O3",
+        "-std=c++17",
+        "-fPIC",
+        *host_flags,
+        "-Wall",
+        "-Wno-sign-compare",
+        "-Wno-deprecated-declarations",
+        "-Wno-unused-function",
+        "-Wno-interference-size",
+    ] + include
     core_flags = base + ["-I" + tf_include, "-DEIGEN_MAX_ALIGN_BYTES=64"]
     glue_flags = base + [f for f in compile_flags if f != "--std=c++17"] + ["-std=c++17"]
     jobs_list = []
@@ -147,9 +169,16 @@ def build(out, jobs, tests=False):
     def add(src, cmd_fn):
         obj = os.path.join(obj_dir, os.path.basename(src) + ".o")
         objects.append(obj)
-        deps = [src] + [os.path.join(d, f) for d in (os.path.join(SRC, "include", "tf_rnnt"),
-                                                     os.path.join(SRC, "core"), os.path.join(SRC, "tf"))
-                        for f in os.listdir(d) if f.endswith((".h", ".cuh"))]
+        deps = [src] + [
+            os.path.join(d, f)
+            for d in (
+                os.path.join(SRC, "include", "tf_rnnt"),
+                os.path.join(SRC, "core"),
+                os.path.join(SRC, "tf"),
+            )
+            for f in os.listdir(d)
+            if f.endswith((".h", ".cuh"))
+        ]
         if not os.path.exists(obj) or os.path.getmtime(obj) < max(map(os.path.getmtime, deps)):
             jobs_list.append(cmd_fn(src, obj))
 
@@ -175,7 +204,10 @@ def build(out, jobs, tests=False):
         return build_core_test(add, objects, jobs_list, jobs, cxx, core_flags, cuda_defs,
                                nvcc and cuda_home, include)
     for f in ("ops.cc", "kernels.cc"):
-        add(os.path.join(SRC, "tf", f), lambda s, o: [cxx, *glue_flags, *cuda_defs, "-c", s, "-o", o])
+        add(
+            os.path.join(SRC, "tf", f),
+            lambda s, o: [cxx, *glue_flags, *cuda_defs, "-c", s, "-o", o],
+        )
     tf_dir = os.path.dirname(tf_include)
     with_xla = xla_supported(tf_dir, tf_include)
     if with_xla:
@@ -195,7 +227,8 @@ def build(out, jobs, tests=False):
     os.makedirs(os.path.dirname(out), exist_ok=True)
     tmp = out + ".tmp"
     # GNU ld / lld on Linux: every tf_rnnt symbol must resolve inside the library or TensorFlow's
-    # libtensorflow_framework (a missing one fails here, not at load time). Other linkers lack the flag.
+    # libtensorflow_framework (a missing one fails here, not at load time). Other linkers lack
+    # the flag.
     strict = ["-Wl,--no-undefined"] if sys.platform.startswith("linux") else []
     run([cxx, "-shared", "-o", tmp, *objects, *libs, "-Wl,-O1", *strict])
     os.replace(tmp, out)
@@ -231,11 +264,16 @@ def build_core_test(add, objects, jobs_list, jobs, cxx, core_flags, cuda_defs, c
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", default=os.path.join(ROOT, "tf_rnnt", "_tf_rnnt_ops.so"))
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
-    parser.add_argument("--tests", action="store_true",
-                        help="build the core test program build/tests/core_test instead of the library")
+    parser.add_argument(
+        "--tests",
+        action="store_true",
+        help="build the core test program build/tests/core_test instead of the library",
+    )
     args = parser.parse_args()
     build(os.path.abspath(args.out), args.jobs, tests=args.tests)
 

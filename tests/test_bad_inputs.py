@@ -12,12 +12,12 @@ argument (and show the offending value where the case says so).
 import inspect
 
 import numpy as np
+import oracle
 import pytest
 import tensorflow as tf
-
-import oracle
-import tf_rnnt
 from conftest import DEVICES, compile_for
+
+import tf_rnnt
 from tf_rnnt import _contract as contract
 from tf_rnnt import reference
 
@@ -89,58 +89,169 @@ def _concat(axis=0):
 # (case id, argument, change, names the message must mention (any one), offending value the
 # message must show or None, entry points it does not apply to; None: the references, which
 # check lengths, options and int64 overflow but not shapes, dtypes or label values)
-TENSOR_CASES = [
-    ("label_ge_V", "labels", lambda a: _set(a, (0, 1), 23), ("labels",), "23", NOT_LABEL_CHECKERS),
-    ("label_negative", "labels", lambda a: _set(a, (1, 0), -3), ("labels",), "-3", NOT_LABEL_CHECKERS),
-    ("label_is_blank", "labels", lambda a: _set(a, (0, 0), 0), ("labels",), None,
-     NOT_LABEL_CHECKERS),
-    ("logit_length_zero", "logit_lengths", lambda a: _set(a, 1, 0), ("logit_lengths",), None,
-     ()),
-    ("logit_length_negative", "logit_lengths", lambda a: _set(a, 1, -2), ("logit_lengths",),
-     None, ()),
-    ("logit_length_above_T", "logit_lengths", lambda a: _set(a, 0, 41), ("logit_lengths",),
-     None, ()),
-    ("label_length_negative", "label_lengths", lambda a: _set(a, 0, -5), ("label_lengths",),
-     None, ()),
-    ("label_length_above_U", "label_lengths", lambda a: _set(a, 1, 37), ("label_lengths",),
-     None, ()),
-    ("logit_lengths_batch", "logit_lengths", _concat(), ("logit_lengths",), None, ()),
-    ("label_lengths_batch", "label_lengths", lambda a: a[:1], ("label_lengths",), None, ()),
-    # int64 values beyond int32 must not wrap around in a cast (2**32 + 3 would read as 3).
-    ("logit_length_int64_overflow", "logit_lengths",
-     lambda a: _set(a, 1, 2**32 + 3, np.int64), ("logit_lengths",), None, ()),
-    ("label_length_int64_overflow", "label_lengths",
-     lambda a: _set(a, 1, 2**32 + 1, np.int64), ("label_lengths",), None, ()),
-    ("label_int64_overflow", "labels", lambda a: _set(a, (0, 0), 2**32 + 1, np.int64),
-     ("labels",), None, ()),
-    ("labels_batch", "labels", _concat(), ("labels",), None, None),
-    ("labels_vs_states", "labels", lambda a: a[:, :1], ("labels", "predictor", "logits"), None,
-     None),
-    ("kernel_rows_vs_H", "kernel", _concat(), ("kernel",), None, None),
-    ("bias_vs_V", "bias", _concat(), ("bias",), None, None),
-    ("empty_vocabulary", "kernel", lambda a: a[:, :0], ("kernel", "bias"), None, None),
-    ("empty_vocabulary_logits", "logits", lambda a: a[..., :0], ("logits", "blank", "labels"),
-     None, None),
-    ("predictor_H", "predictor", lambda a: a[..., :2], ("predictor", "encoder"), None, None),
-    ("predictor_batch", "predictor", _concat(), ("predictor",), None, None),
-    # The compiled joint takes one dtype for all four tensors; samplewise casts each.
-    ("kernel_dtype_vs_encoder", "kernel", lambda a: a.astype(np.float16), ("kernel",), None,
-     REFERENCES | {"samplewise_rnnt_loss"}),
-    ("lattice_channels", "lattice", _concat(-1), ("lattice",), None, None),
-] + [
-    (f"{name}_rank", name, lambda a: a[0] if a.ndim > 1 else a[None], (name,), None, None)
-    for name in ("lattice", "logits", "encoder", "predictor", "kernel", "bias", "labels",
-                 "logit_lengths", "label_lengths")
-] + [
-    (f"{name}_{np.dtype(dtype).name}", name, lambda a, dtype=dtype: a.astype(dtype), (name,),
-     None, None)
-    for name, dtypes in (("lattice", (np.float64, np.int32)), ("logits", (np.float64, np.int32)),
-                         ("encoder", (np.float64, np.int32)), ("predictor", (np.float64,)),
-                         ("kernel", (np.float64,)), ("bias", (np.float64,)),
-                         ("labels", (np.float32,)), ("logit_lengths", (np.float32,)),
-                         ("label_lengths", (np.float64,)))
-    for dtype in dtypes
-]
+TENSOR_CASES = (
+    [
+        (
+            "label_ge_V",
+            "labels",
+            lambda a: _set(a, (0, 1), 23),
+            ("labels",),
+            "23",
+            NOT_LABEL_CHECKERS,
+        ),
+        (
+            "label_negative",
+            "labels",
+            lambda a: _set(a, (1, 0), -3),
+            ("labels",),
+            "-3",
+            NOT_LABEL_CHECKERS,
+        ),
+        (
+            "label_is_blank",
+            "labels",
+            lambda a: _set(a, (0, 0), 0),
+            ("labels",),
+            None,
+            NOT_LABEL_CHECKERS,
+        ),
+        (
+            "logit_length_zero",
+            "logit_lengths",
+            lambda a: _set(a, 1, 0),
+            ("logit_lengths",),
+            None,
+            (),
+        ),
+        (
+            "logit_length_negative",
+            "logit_lengths",
+            lambda a: _set(a, 1, -2),
+            ("logit_lengths",),
+            None,
+            (),
+        ),
+        (
+            "logit_length_above_T",
+            "logit_lengths",
+            lambda a: _set(a, 0, 41),
+            ("logit_lengths",),
+            None,
+            (),
+        ),
+        (
+            "label_length_negative",
+            "label_lengths",
+            lambda a: _set(a, 0, -5),
+            ("label_lengths",),
+            None,
+            (),
+        ),
+        (
+            "label_length_above_U",
+            "label_lengths",
+            lambda a: _set(a, 1, 37),
+            ("label_lengths",),
+            None,
+            (),
+        ),
+        ("logit_lengths_batch", "logit_lengths", _concat(), ("logit_lengths",), None, ()),
+        ("label_lengths_batch", "label_lengths", lambda a: a[:1], ("label_lengths",), None, ()),
+        # int64 values beyond int32 must not wrap around in a cast (2**32 + 3 would read as 3).
+        (
+            "logit_length_int64_overflow",
+            "logit_lengths",
+            lambda a: _set(a, 1, 2**32 + 3, np.int64),
+            ("logit_lengths",),
+            None,
+            (),
+        ),
+        (
+            "label_length_int64_overflow",
+            "label_lengths",
+            lambda a: _set(a, 1, 2**32 + 1, np.int64),
+            ("label_lengths",),
+            None,
+            (),
+        ),
+        (
+            "label_int64_overflow",
+            "labels",
+            lambda a: _set(a, (0, 0), 2**32 + 1, np.int64),
+            ("labels",),
+            None,
+            (),
+        ),
+        ("labels_batch", "labels", _concat(), ("labels",), None, None),
+        (
+            "labels_vs_states",
+            "labels",
+            lambda a: a[:, :1],
+            ("labels", "predictor", "logits"),
+            None,
+            None,
+        ),
+        ("kernel_rows_vs_H", "kernel", _concat(), ("kernel",), None, None),
+        ("bias_vs_V", "bias", _concat(), ("bias",), None, None),
+        ("empty_vocabulary", "kernel", lambda a: a[:, :0], ("kernel", "bias"), None, None),
+        (
+            "empty_vocabulary_logits",
+            "logits",
+            lambda a: a[..., :0],
+            ("logits", "blank", "labels"),
+            None,
+            None,
+        ),
+        ("predictor_H", "predictor", lambda a: a[..., :2], ("predictor", "encoder"), None, None),
+        ("predictor_batch", "predictor", _concat(), ("predictor",), None, None),
+        # The compiled joint takes one dtype for all four tensors; samplewise casts each.
+        (
+            "kernel_dtype_vs_encoder",
+            "kernel",
+            lambda a: a.astype(np.float16),
+            ("kernel",),
+            None,
+            REFERENCES | {"samplewise_rnnt_loss"},
+        ),
+        ("lattice_channels", "lattice", _concat(-1), ("lattice",), None, None),
+    ]
+    + [
+        (f"{name}_rank", name, lambda a: a[0] if a.ndim > 1 else a[None], (name,), None, None)
+        for name in (
+            "lattice",
+            "logits",
+            "encoder",
+            "predictor",
+            "kernel",
+            "bias",
+            "labels",
+            "logit_lengths",
+            "label_lengths",
+        )
+    ]
+    + [
+        (
+            f"{name}_{np.dtype(dtype).name}",
+            name,
+            lambda a, dtype=dtype: a.astype(dtype),
+            (name,),
+            None,
+            None,
+        )
+        for name, dtypes in (
+            ("lattice", (np.float64, np.int32)),
+            ("logits", (np.float64, np.int32)),
+            ("encoder", (np.float64, np.int32)),
+            ("predictor", (np.float64,)),
+            ("kernel", (np.float64,)),
+            ("bias", (np.float64,)),
+            ("labels", (np.float32,)),
+            ("logit_lengths", (np.float32,)),
+            ("label_lengths", (np.float64,)),
+        )
+        for dtype in dtypes
+    ]
+)
 
 
 def _applies(case, entry):

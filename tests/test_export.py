@@ -23,10 +23,10 @@ SPEECH = os.path.join(REPO, "examples", "speech")
 sys.path.insert(0, SPEECH)
 
 import keras  # noqa: E402
-
 import pipeline  # noqa: E402
-from tf_rnnt import decoding  # noqa: E402
 from model import ModelConfig, build_model, output_lengths, parts  # noqa: E402
+
+from tf_rnnt import decoding  # noqa: E402
 
 DATA = os.path.join(SPEECH, "data")
 

@@ -11,12 +11,12 @@ the same logits, and the remaining differences are the log-softmax's.
 """
 
 import numpy as np
+import oracle
 import pytest
 import tensorflow as tf
-
-import oracle
-import tf_rnnt
 from conftest import DEVICES
+
+import tf_rnnt
 
 F32_MAX = float(np.finfo(np.float32).max)
 P124 = 2.0 ** 124  # 2.1e37; 2^127 = 1.7e38, 2^128 would overflow

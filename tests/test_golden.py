@@ -6,10 +6,9 @@ tf_rnnt.lattice_loss, tf_rnnt.flash_rnnt_loss), the pure-TF reference and the Nu
 """
 
 import numpy as np
+import oracle
 import pytest
 import tensorflow as tf
-
-import oracle
 from conftest import DEVICES
 
 # ---------------------------------------------------------------------------------------------

@@ -17,10 +17,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-
-import tf_rnnt
 from conftest import DEVICES, requires_gpu
 from test_keras import GradientRecorder
+
+import tf_rnnt
 from tf_rnnt import ops as rnnt_ops
 from tf_rnnt import reference
 from tf_rnnt.keras import FlashRNNTLoss, RNNTJoint, RNNTLoss

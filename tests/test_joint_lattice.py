@@ -14,12 +14,12 @@ import sys
 import textwrap
 
 import numpy as np
+import oracle
 import pytest
 import tensorflow as tf
-
-import oracle
-import tf_rnnt
 from conftest import DEVICES, HALF_DTYPES, make_runner, requires_gpu
+
+import tf_rnnt
 from tf_rnnt import reference
 
 RTOL = 1e-5

@@ -11,10 +11,10 @@ import sys
 
 import keras
 import numpy as np
+import oracle
 import pytest
 import tensorflow as tf
 
-import oracle
 import tf_rnnt
 from tf_rnnt import ops as rnnt_ops
 from tf_rnnt import reference

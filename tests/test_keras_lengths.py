@@ -14,13 +14,20 @@ import textwrap
 
 import keras
 import numpy as np
+import oracle
 import pytest
 import tensorflow as tf
 
-import oracle
 from tf_rnnt import reference
-from tf_rnnt.keras import (FlashRNNTLoss, LengthMask, PredictorInput, RNNTJoint, RNNTLoss,
-                           conv_output_lengths, lattice_lengths)
+from tf_rnnt.keras import (
+    FlashRNNTLoss,
+    LengthMask,
+    PredictorInput,
+    RNNTJoint,
+    RNNTLoss,
+    conv_output_lengths,
+    lattice_lengths,
+)
 
 VOCAB = 6
 FEATURES = 3

@@ -7,7 +7,6 @@ on the sample's own frames and labels, scored by tf_rnnt.reference on full logit
 
 import keras
 import numpy as np
-
 from test_keras_lengths import unpadded_reference_costs
 
 RECIPE = '''

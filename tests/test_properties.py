@@ -49,14 +49,14 @@ random examples per test instead.
 import os
 
 import numpy as np
+import oracle
 import pytest
 import tensorflow as tf
+from conftest import DEVICES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import oracle
 import tf_rnnt
-from conftest import DEVICES
 
 RTOL = 1e-5
 U32 = 2.0 ** -24

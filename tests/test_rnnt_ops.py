@@ -7,12 +7,12 @@ plus the tensor's largest entry).
 """
 
 import numpy as np
+import oracle
 import pytest
 import tensorflow as tf
-
-import oracle
-import tf_rnnt
 from conftest import DEVICES, HALF_DTYPES, compile_for, requires_gpu
+
+import tf_rnnt
 from tf_rnnt import reference
 
 RTOL = 1e-5

@@ -33,12 +33,12 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import oracle
 import pytest
 import tensorflow as tf
-
-import oracle
-import tf_rnnt
 from conftest import DEVICES, requires_gpu
+
+import tf_rnnt
 
 RTOL = 1e-5
 U32 = 2.0 ** -24

@@ -17,12 +17,12 @@ import subprocess
 import sys
 
 import numpy as np
+import oracle
 import pytest
 import tensorflow as tf
-
-import oracle
-import tf_rnnt
 from conftest import DEVICES, HALF_DTYPES, compile_for, make_runner
+
+import tf_rnnt
 from tf_rnnt import reference, samplewise
 
 _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))

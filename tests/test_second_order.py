@@ -9,10 +9,10 @@ products are checked against central differences of the float64 NumPy oracle's g
 """
 
 import numpy as np
+import oracle
 import pytest
 import tensorflow as tf
 
-import oracle
 import tf_rnnt
 from tf_rnnt import reference
 

@@ -17,11 +17,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEECH = os.path.join(REPO, "examples", "speech")
 sys.path.insert(0, SPEECH)
 
-import keras  # noqa: E402
-
 import export as speech_export  # noqa: E402
+import keras  # noqa: E402
 import pipeline  # noqa: E402
 from model import ModelConfig, build_model, parts  # noqa: E402
+
 from tf_rnnt import export  # noqa: E402
 
 CHUNK = 16  # feature frames per step: 4 encoder frames

@@ -9,9 +9,12 @@ import warnings
 _LOCK = threading.Lock()
 _LIBRARY = None
 
-_FIX = ("Install the tf_rnnt wheel built for this TensorFlow, or build it for this TensorFlow with "
-        "`pip install --no-build-isolation .` (in a source checkout also `python custom_ops/build.py`), "
-        "or point TF_RNNT_LIBRARY at a built _tf_rnnt_ops*.so.")
+_FIX = (
+    "Install the tf_rnnt wheel built for this TensorFlow, or build it for this TensorFlow with "
+    "`pip install --no-build-isolation .` (in a source checkout also "
+    "`python custom_ops/build.py`), "
+    "or point TF_RNNT_LIBRARY at a built _tf_rnnt_ops*.so."
+)
 _GPU_FIX = ("For GPU kernels install a tf_rnnt wheel built with CUDA, or rebuild from source with "
             "nvcc on PATH (or CUDA_HOME set): `pip install --no-build-isolation .`.")
 # Ops whose GPU kernels a CUDA build registers.
@@ -79,8 +82,11 @@ def gpu_kernel_ops():
     """Names of the tf_rnnt ops that have a GPU kernel registered in TensorFlow's registry."""
     from tensorflow.python.framework import kernels
 
-    return [op for op in OPS
-            if any(k.device_type == "GPU" for k in kernels.get_registered_kernels_for_op(op).kernel)]
+    return [
+        op
+        for op in OPS
+        if any(k.device_type == "GPU" for k in kernels.get_registered_kernels_for_op(op).kernel)
+    ]
 
 
 def _warn_if_gpu_unused(tf, path):

@@ -44,9 +44,15 @@ import tensorflow as tf
 
 from tf_rnnt import _contract as contract
 from tf_rnnt._keras_checks import check_pad_value as _check_pad_value
-from tf_rnnt._keras_checks import (check_rank, check_same_batch, check_u_plus_one,
-                                   frame_lengths_of, label_lengths_of, labels_as_int,
-                                   missing_lengths_error)
+from tf_rnnt._keras_checks import (
+    check_rank,
+    check_same_batch,
+    check_u_plus_one,
+    frame_lengths_of,
+    label_lengths_of,
+    labels_as_int,
+    missing_lengths_error,
+)
 from tf_rnnt._keras_lattice import BLANK_CODE as _BLANK_CODE
 from tf_rnnt._keras_lattice import PAD_NODE_VALUE, lattice_lengths, mark_lattice_padding
 from tf_rnnt._keras_lattice import PAD_THRESHOLD as _PAD_THRESHOLD

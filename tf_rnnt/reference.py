@@ -81,8 +81,11 @@ def _alpha_cost(lattice, logit_lengths, label_lengths):
     on_lattice = (t_index >= 0) & (t_index < max_t)
     gather_index = tf.stack([tf.clip_by_value(t_index, 0, max_t - 1),
                              tf.broadcast_to(u_index, tf.shape(t_index))], axis=-1)
-    skewed = tf.gather_nd(lattice, tf.broadcast_to(gather_index[None], [batch, num_diagonals, max_u1, 2]),
-                          batch_dims=1)
+    skewed = tf.gather_nd(
+        lattice,
+        tf.broadcast_to(gather_index[None], [batch, num_diagonals, max_u1, 2]),
+        batch_dims=1,
+    )
     skewed = tf.where(on_lattice[None, :, :, None], skewed, _LOG_ZERO)
     skewed = tf.transpose(skewed, [1, 0, 2, 3])  # [N, B, U+1, 2]
 

@@ -35,6 +35,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(os.path.dirname(_HERE)), os.path.dirname(_HERE)]
 
 import oracle  # noqa: E402  (tests/oracle.py: float64 NumPy)
+
 import tf_rnnt  # noqa: E402
 
 RTOL = 1e-5

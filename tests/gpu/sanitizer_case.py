@@ -37,10 +37,14 @@ for dtype in dtypes:
             out = []
             for blank in (0, -1):
                 lab = labels if blank == 0 else labels - 1
-                for mode, tile in (("tiled", 5), ("untiled", None)) if dtype in joint_dtypes else ():
+                for mode, tile in (
+                    (("tiled", 5), ("untiled", None)) if dtype in joint_dtypes else ()
+                ):
                     with tf.GradientTape() as tape:
                         tape.watch(args)
-                        c = tf_rnnt.flash_rnnt_loss(*args, lab, tl, ul, blank=blank, mode=mode, tile_size=tile)
+                        c = tf_rnnt.flash_rnnt_loss(
+                            *args, lab, tl, ul, blank=blank, mode=mode, tile_size=tile
+                        )
                     out += [c] + tape.gradient(c, args)
                 with tf.GradientTape() as tape:
                     tape.watch(lg)

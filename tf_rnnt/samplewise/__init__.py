@@ -15,8 +15,12 @@ import tensorflow as tf
 
 from tf_rnnt import _contract as contract
 from tf_rnnt.samplewise import loop
-from tf_rnnt.samplewise.memory import (DEFAULT_MEMORY_BUDGET, PARALLEL_ITERATIONS_CHOICES,
-                                       auto_parallel_iterations, sample_working_set_bytes)
+from tf_rnnt.samplewise.memory import (
+    DEFAULT_MEMORY_BUDGET,
+    PARALLEL_ITERATIONS_CHOICES,
+    auto_parallel_iterations,
+    sample_working_set_bytes,
+)
 
 __all__ = ["samplewise_rnnt_loss", "auto_parallel_iterations", "sample_working_set_bytes",
            "DEFAULT_MEMORY_BUDGET", "PARALLEL_ITERATIONS_CHOICES"]

@@ -5,8 +5,9 @@ Keras test model. A tool for the next mixed-precision NaN.
 
 On a GPU, tests/test_keras.py::test_mixed_precision_trains_without_nan[mixed_bfloat16] once
 failed (the predictor-side weights were NaN after the first Adam step) while the float32 and
-mixed_float16 runs and every op-level bfloat16 test passed (the cause was Keras' cuDNN LSTM). This script trains the test's model (seed 3, Adam 0.01, batches of 4) step by step in
-several variants and prints, per step, the loss and the variables whose gradient is not finite.
+mixed_float16 runs and every op-level bfloat16 test passed (the cause was Keras' cuDNN LSTM).
+This script trains the test's model (seed 3, Adam 0.01, batches of 4) step by step in several
+variants and prints, per step, the loss and the variables whose gradient is not finite.
 At the first bad step it also compares the joint op's four gradients on those inputs with
 tf_rnnt.reference in the same precision. Variants:
   bf16        mixed_bfloat16, as the test
@@ -23,15 +24,16 @@ import functools
 import os
 import sys
 
+import keras
 import numpy as np
 import tensorflow as tf
-import keras
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(_HERE)))  # tests/
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(_HERE))))  # the checkout
 
 import test_keras as tk  # noqa: E402
+
 import tf_rnnt  # noqa: E402
 from tf_rnnt import reference  # noqa: E402
 from tf_rnnt.keras import FlashRNNTLoss  # noqa: E402
