@@ -2,8 +2,8 @@
 
 Signatures (see `tf_rnnt.export`): features (16 kHz audio -> log-mel; frame n reads samples
 [160 n, 160 n + 400)), initial_state, encode_chunk (a multiple of 4 feature frames; the last
-chunk may be any size), decode_chunk (greedy, at most 5 labels per frame) and transcribe. With word tokens each word's
-text ends with a space.
+chunk may be any size), decode_chunk (greedy, at most 5 labels per frame) and transcribe. With
+word tokens each word's text ends with a space.
 """
 
 import os
@@ -11,10 +11,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from tf_rnnt import export as streaming_export  # noqa: E402
-
 import pipeline  # noqa: E402
 from model import SUBSAMPLING, output_lengths, parts  # noqa: E402
+
+from tf_rnnt import export as streaming_export  # noqa: E402
 
 
 def make_transcriber(model, feature_config=pipeline.FeatureConfig(), max_symbols=5,

@@ -187,7 +187,8 @@ def resample(audio, rate_in, rate_out=SAMPLE_RATE, zero_crossings=16):
         num_out = (num_in * rate_out + rate_in - 1) // rate_in
         # tfio's filter delays its output by 32 samples of the lower rate (measured on tones
         # for 8-44.1 kHz): pad the input's end, drop that delay, keep the core backend's length.
-        delay = (32 * rate_out + tf.minimum(rate_in, rate_out) // 2) // tf.minimum(rate_in, rate_out)
+        lower = tf.minimum(rate_in, rate_out)
+        delay = (32 * rate_out + lower // 2) // lower
         extra = (delay * rate_in + rate_out - 1) // rate_out + 1
         out = tfio.audio.resample(tf.pad(audio, [[0, extra]])[:, None], rate_in=rate_in,
                                   rate_out=rate_out)[:, 0]

@@ -28,15 +28,14 @@ sys.path.insert(0, _HERE)
 if os.path.isdir(os.path.join(_REPO, "tf_rnnt")):  # running from a checkout: use its tf_rnnt
     sys.path.insert(0, _REPO)
 
+import fsdd  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import pipeline  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from model import LARGE, ModelConfig, build_model, output_lengths, parts  # noqa: E402
 
 from tf_rnnt import decoding  # noqa: E402
-
-import fsdd  # noqa: E402
-import pipeline  # noqa: E402
-from model import LARGE, ModelConfig, build_model, output_lengths, parts  # noqa: E402
 
 DEFAULT_DATA = os.path.join(_HERE, "data")
 
@@ -242,7 +241,8 @@ def main(argv=None):
                    train_seconds=train_seconds, train_cpu_seconds=time.process_time() - start_cpu,
                    tensorflow=tf.__version__, audio_backend=pipeline.audio_backend(),
                    large=args.large, config=dataclasses.asdict(config),
-                   batch_size=args.batch_size, tokens=args.tokens, final_loss=float(history["loss"][-1]),
+                   batch_size=args.batch_size, tokens=args.tokens,
+                   final_loss=float(history["loss"][-1]),
                    training_utterances=len(train_manifest[0]))
     for name, dataset in test_ds.items():
         wer, refs, hyps = evaluate(dataset)
