@@ -344,32 +344,19 @@ class JointLatticeGradXla : public XlaOpKernel {
   bool gpu_;
 };
 
-#define TF_RNNT_XLA_KERNELS(DEVICE)                                                  \
-  REGISTER_KERNEL_BUILDER(Name("TfRnntLatticeLoss").Device(DEVICE), LatticeLossXla); \
-  REGISTER_KERNEL_BUILDER(                                                           \
-      Name("TfRnntLogitsToLattice")                                                  \
-          .Device(DEVICE)                                                            \
-          .TypeConstraint("dtype", {::tensorflow::DT_FLOAT, ::tensorflow::DT_HALF,   \
-                                    ::tensorflow::DT_BFLOAT16}),                     \
-      LogitsToLatticeXla);                                                           \
-  REGISTER_KERNEL_BUILDER(                                                           \
-      Name("TfRnntLogitsToLatticeGrad")                                              \
-          .Device(DEVICE)                                                            \
-          .TypeConstraint("dtype", {::tensorflow::DT_FLOAT, ::tensorflow::DT_HALF,   \
-                                    ::tensorflow::DT_BFLOAT16}),                     \
-      LogitsToLatticeGradXla);                                                       \
-  REGISTER_KERNEL_BUILDER(                                                           \
-      Name("TfRnntJointLattice")                                                     \
-          .Device(DEVICE)                                                            \
-          .TypeConstraint("dtype", {::tensorflow::DT_FLOAT, ::tensorflow::DT_HALF,   \
-                                    ::tensorflow::DT_BFLOAT16}),                     \
-      JointLatticeXla);                                                              \
-  REGISTER_KERNEL_BUILDER(                                                           \
-      Name("TfRnntJointLatticeGrad")                                                 \
-          .Device(DEVICE)                                                            \
-          .TypeConstraint("dtype", {::tensorflow::DT_FLOAT, ::tensorflow::DT_HALF,   \
-                                    ::tensorflow::DT_BFLOAT16}),                     \
-      JointLatticeGradXla);
+// The ops with a "dtype" attribute take float, half and bfloat16 inputs.
+#define TF_RNNT_XLA_FLOAT_KERNEL(OP, DEVICE, KERNEL)                                            \
+  REGISTER_KERNEL_BUILDER(                                                                      \
+      Name(OP).Device(DEVICE).TypeConstraint(                                                   \
+          "dtype", {::tensorflow::DT_FLOAT, ::tensorflow::DT_HALF, ::tensorflow::DT_BFLOAT16}), \
+      KERNEL)
+
+#define TF_RNNT_XLA_KERNELS(DEVICE)                                                      \
+  REGISTER_KERNEL_BUILDER(Name("TfRnntLatticeLoss").Device(DEVICE), LatticeLossXla);     \
+  TF_RNNT_XLA_FLOAT_KERNEL("TfRnntLogitsToLattice", DEVICE, LogitsToLatticeXla);         \
+  TF_RNNT_XLA_FLOAT_KERNEL("TfRnntLogitsToLatticeGrad", DEVICE, LogitsToLatticeGradXla); \
+  TF_RNNT_XLA_FLOAT_KERNEL("TfRnntJointLattice", DEVICE, JointLatticeXla);               \
+  TF_RNNT_XLA_FLOAT_KERNEL("TfRnntJointLatticeGrad", DEVICE, JointLatticeGradXla);
 
 TF_RNNT_XLA_KERNELS(::tensorflow::DEVICE_CPU_XLA_JIT)
 #if TF_RNNT_WITH_CUDA
