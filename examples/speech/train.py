@@ -144,6 +144,9 @@ def parse_args(argv):
                    help="label units: whole words (the digit words and the commands' words) or "
                    "characters")
     p.add_argument("--fastemit-lambda", type=float, default=0.0)
+    p.add_argument("--mean-prior-frames", type=int, default=ModelConfig.mean_prior_frames,
+                   help="causal per-utterance feature mean normalization: prior weight in "
+                   "frames (0: only the global statistics)")
     p.add_argument("--augment", choices=("full", "spec", "audio", "none"), default="full",
                    help="training augmentation: audio (speed, gain, noise), SpecAugment, both")
     p.add_argument("--seed", type=int, default=0)
@@ -188,7 +191,8 @@ def main(argv=None):
 
     tokenizer = pipeline.TOKENIZERS[args.tokens]
     config = ModelConfig(vocab_size=tokenizer.size, predictor=args.predictor,
-                         fastemit_lambda=args.fastemit_lambda, **(LARGE if args.large else {}))
+                         fastemit_lambda=args.fastemit_lambda,
+                         mean_prior_frames=args.mean_prior_frames, **(LARGE if args.large else {}))
     augment = pipeline.AugmentConfig()
     if args.augment in ("spec", "none"):
         augment = dataclasses.replace(augment, speed_factors=(1.0,), gain_db=(0.0, 0.0),
