@@ -161,7 +161,7 @@ def parse_args(argv):
                    help="load these weights (a final.weights.h5), evaluate and export; no training")
     p.add_argument("--audio-backend", choices=("auto", "tfio", "core"), default="auto")
     args = p.parse_args(argv)
-    defaults = dict(epochs=18, batch_size=32, learning_rate=1e-3, eval_every=3, human_train=1600)
+    defaults = dict(epochs=21, batch_size=32, learning_rate=1e-3, eval_every=3, human_train=1600)
     if args.large:
         defaults = dict(epochs=60, batch_size=64, learning_rate=5e-4, eval_every=10,
                         human_train=8000)
