@@ -174,6 +174,17 @@ def test_log_mel_matches_numpy(config):
     np.testing.assert_allclose(features[strong], expected[strong], atol=2e-3)
 
 
+def test_log_mel_frequency_warp():
+    # VTLP: with warp w a tone at f Hz lands in the mel bin of w * f Hz.
+    t = np.arange(8000) / 16000
+    peak = lambda audio, warp: int(np.argmax(pipeline.log_mel(
+        tf.constant(audio, tf.float32), warp=warp).numpy().mean(axis=0)))
+    tone = np.sin(2 * np.pi * 1000 * t)
+    assert peak(tone, tf.constant(1.0)) == peak(tone, 1.0)
+    assert peak(tone, tf.constant(1.2)) == peak(np.sin(2 * np.pi * 1200 * t), 1.0)
+    assert peak(tone, tf.constant(0.8)) == peak(np.sin(2 * np.pi * 800 * t), 1.0)
+
+
 def test_adapted_feature_normalization_matches_numpy(core_backend):
     # The encoder's Normalization layer, adapted on the feature dataset, holds the float64
     # per-bin mean and variance of all frames of the utterances.

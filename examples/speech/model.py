@@ -27,6 +27,7 @@ class ModelConfig:
     predictor_dim: int = 160
     joint_dim: int = 192
     dropout: float = 0.1
+    mean_prior_frames: int = 50  # causal per-utterance mean normalization (0: off)
     predictor: str = "stateless"  # or "lstm"
     fastemit_lambda: float = 0.0
 
@@ -44,7 +45,10 @@ class StreamingEncoder(keras.layers.Layer):
 
     Features are normalized with fixed per-bin statistics (a `keras.layers.Normalization`
     adapted on the training features with `adapt_features`, saved with the weights, not trained:
-    a per-utterance normalization would look into the future), then two 3x3
+    a per-utterance normalization would look into the future). With `mean_prior_frames` > 0 the
+    running mean of the utterance's normalized features so far is subtracted as well (causal
+    cepstral mean normalization: removes the speaker's channel and loudness), a prior of that
+    many frames at the global mean keeping the first frames' estimate stable. Then two 3x3
     convolutions with stride 2 in time and frequency. In time they are causal: output j of a
     convolution reads inputs 2j - 1, 2j, 2j + 1 (input -1 is the carried context, zeros at the
     start), so its receptive field ends at the frame it is emitted for. Then `encoder_layers`
@@ -55,9 +59,10 @@ class StreamingEncoder(keras.layers.Layer):
     """
 
     def __init__(self, num_mel_bins=40, conv_channels=32, encoder_dim=256, encoder_layers=2,
-                 dropout=0.1, **kwargs):
+                 dropout=0.1, mean_prior_frames=0, **kwargs):
         super().__init__(**kwargs)
         self.num_mel_bins = num_mel_bins
+        self.mean_prior_frames = mean_prior_frames
         self.conv_channels = conv_channels
         self.encoder_dim = encoder_dim
         self.encoder_layers = encoder_layers
@@ -109,6 +114,8 @@ class StreamingEncoder(keras.layers.Layer):
         bins1 = (self.num_mel_bins + 2 - 3) // 2 + 1
         shapes = [(1, self.num_mel_bins, 1), (1, bins1, self.conv_channels)]
         shapes += [(self.encoder_dim,)] * (2 * self.encoder_layers)
+        if self.mean_prior_frames:
+            shapes += [(self.num_mel_bins,), (1,)]  # running feature sum and frame count
         return shapes
 
     def state_size(self):
@@ -154,7 +161,16 @@ class StreamingEncoder(keras.layers.Layer):
         """Encodes a chunk: `[B, T, F]` features (T a multiple of 4 for exact streaming) and the
         state from the previous chunk -> (`[B, T // 4, encoder_dim]` frames, new state)."""
         features = tf.convert_to_tensor(features, tf.float32)
-        x = self.feature_norm(features)[..., None]
+        x = self.feature_norm(features)
+        mean_state = []
+        if self.mean_prior_frames:
+            total, count = state[-2], state[-1]  # [B, F], [B, 1]
+            sums = total[:, None] + tf.cumsum(x, axis=1)
+            counts = count[:, None] + tf.cumsum(tf.ones_like(x[..., :1]), axis=1)
+            mean_state = [total + tf.reduce_sum(x, axis=1),
+                          count + tf.cast(tf.shape(x)[1], tf.float32)]
+            x -= sums / (counts + float(self.mean_prior_frames))
+        x = x[..., None]
         x, ctx1 = self._causal_conv(self.conv1, x, state[0])
         x, ctx2 = self._causal_conv(self.conv2, x, state[1])
         shape = tf.shape(x)
@@ -171,7 +187,7 @@ class StreamingEncoder(keras.layers.Layer):
             x, h, c = lstm(x, initial_state=[h0, c0], training=training)
             x = dropout(x, training=training)
             new_state += [tf.where(has_frames, h, h0), tf.where(has_frames, c, c0)]
-        return self.output_norm(x[:, :num_frames]), new_state
+        return self.output_norm(x[:, :num_frames]), new_state + mean_state
 
     def call(self, inputs, training=False):
         features, _ = inputs
@@ -196,7 +212,7 @@ class StreamingEncoder(keras.layers.Layer):
         config = super().get_config()
         config.update(num_mel_bins=self.num_mel_bins, conv_channels=self.conv_channels,
                       encoder_dim=self.encoder_dim, encoder_layers=self.encoder_layers,
-                      dropout=self.dropout)
+                      dropout=self.dropout, mean_prior_frames=self.mean_prior_frames)
         return config
 
 
@@ -335,7 +351,8 @@ def build_model(config=ModelConfig(), learning_rate=1e-3, steps=None):
     feature_lengths = keras.Input((), dtype="int32", name="feature_lengths")
     labels = keras.Input((None,), dtype="int32", name="labels")
     encoder = StreamingEncoder(config.num_mel_bins, config.conv_channels, config.encoder_dim,
-                               config.encoder_layers, config.dropout, name="encoder")
+                               config.encoder_layers, config.dropout, config.mean_prior_frames,
+                               name="encoder")
     predictor_class = StatelessPredictor if config.predictor == "stateless" else Predictor
     predictor = predictor_class(config.vocab_size, config.embedding_dim, config.predictor_dim,
                                 dropout=config.dropout, name="predictor")

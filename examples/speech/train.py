@@ -143,6 +143,9 @@ def parse_args(argv):
                    help="label units: whole words (the digit words and the commands' words) or "
                    "characters")
     p.add_argument("--fastemit-lambda", type=float, default=0.0)
+    p.add_argument("--mean-prior-frames", type=int, default=ModelConfig.mean_prior_frames,
+                   help="causal per-utterance feature mean normalization: prior weight in "
+                   "frames (0: only the global statistics)")
     p.add_argument("--augment", choices=("full", "spec", "audio", "none"), default="full",
                    help="training augmentation: audio (speed, gain, noise), SpecAugment, both")
     p.add_argument("--seed", type=int, default=0)
@@ -157,7 +160,7 @@ def parse_args(argv):
                    help="load these weights (a final.weights.h5), evaluate and export; no training")
     p.add_argument("--audio-backend", choices=("auto", "tfio", "core"), default="auto")
     args = p.parse_args(argv)
-    defaults = dict(epochs=18, batch_size=32, learning_rate=1e-3, eval_every=3, human_train=1600)
+    defaults = dict(epochs=21, batch_size=32, learning_rate=1e-3, eval_every=3, human_train=1600)
     if args.large:
         defaults = dict(epochs=60, batch_size=64, learning_rate=5e-4, eval_every=10,
                         human_train=8000)
@@ -187,7 +190,8 @@ def main(argv=None):
 
     tokenizer = pipeline.TOKENIZERS[args.tokens]
     config = ModelConfig(vocab_size=tokenizer.size, predictor=args.predictor,
-                         fastemit_lambda=args.fastemit_lambda, **(LARGE if args.large else {}))
+                         fastemit_lambda=args.fastemit_lambda,
+                         mean_prior_frames=args.mean_prior_frames, **(LARGE if args.large else {}))
     augment = pipeline.AugmentConfig()
     if args.augment in ("spec", "none"):
         augment = dataclasses.replace(augment, speed_factors=(1.0,), gain_db=(0.0, 0.0),
