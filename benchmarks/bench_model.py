@@ -578,6 +578,7 @@ def _targets(results, searches, args, gpu_memory):
 
 def render(args, argv, results, searches):
     device, gpu_memory, tf_version = _device_summary(results)
+    kept = sorted({str(r["jit_compile"]) for r in results if "jit_compile" in r})
     lines = [
         "# Conformer transducer training: RNNTJoint + FlashRNNTLoss vs full logits",
         "",
@@ -589,7 +590,8 @@ def render(args, argv, results, searches):
         f"- Data: synthetic, {4 * args.frames} frames x {args.mel_bins} log-mels in "
         f"(T={args.frames} after subsampling), U={args.labels}; lengths uniform in "
         f"[{args.min_length:g}, 1] x max",
-        f"- Training: model.fit, jit_compile={args.jit_compile} (multi-worker: custom loop)",
+        f"- Training: model.fit, jit_compile={args.jit_compile} (model.jit_compile after "
+        f"compile: {', '.join(kept) or '-'}; multi-worker: custom loop)",
         f"- Step: median of {args.steps} steps after {args.warmup} warm-up steps, synced; "
         f"throughput = replicas x per-GPU batch / step. Peak: TensorFlow allocator peak per GPU "
         f"over the timed steps, max over GPUs"
