@@ -344,9 +344,10 @@ class StatelessPredictor(_PredictorBase):
         return self._output(tokens, state[0]), [tokens]
 
 
-def build_model(config=ModelConfig(), learning_rate=1e-3, steps=None):
+def build_model(config=ModelConfig(), learning_rate=1e-3, steps=None, ema_momentum=0.0):
     """The training model: `{"features", "feature_lengths", "labels"}` -> lattice, compiled
-    with `FlashRNNTLoss`."""
+    with `FlashRNNTLoss`; with `ema_momentum` > 0 the optimizer keeps an exponential moving
+    average of the weights (`keras.callbacks.SwapEMAWeights` evaluates with it)."""
     features = keras.Input((None, config.num_mel_bins), name="features")
     feature_lengths = keras.Input((), dtype="int32", name="feature_lengths")
     labels = keras.Input((None,), dtype="int32", name="labels")
@@ -367,7 +368,9 @@ def build_model(config=ModelConfig(), learning_rate=1e-3, steps=None):
             warmup_steps=max(1, min(300, steps // 10)))
     else:
         schedule = learning_rate
-    model.compile(optimizer=keras.optimizers.Adam(schedule, clipnorm=5.0),
+    optimizer = keras.optimizers.Adam(schedule, clipnorm=5.0, use_ema=ema_momentum > 0,
+                                      ema_momentum=ema_momentum or 0.99)
+    model.compile(optimizer=optimizer,
                   loss=FlashRNNTLoss(fastemit_lambda=config.fastemit_lambda))
     return model
 

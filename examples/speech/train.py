@@ -106,6 +106,20 @@ class WERCallback(keras.callbacks.Callback):
                   f"'{refs[0]}' hyp '{hyps[0]}'", flush=True)
 
 
+class SwapEMAWeights(keras.callbacks.SwapEMAWeights):
+    """`keras.callbacks.SwapEMAWeights(swap_on_epoch=True)` that also leaves the averaged
+    weights in the model when training stops before its last epoch (`TimeLimit`, which must
+    come before it)."""
+
+    def __init__(self):
+        super().__init__(swap_on_epoch=True)
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        if self.model.stop_training and epoch != self.params["epochs"] - 1:
+            self._finalize_ema_values()
+
+
 class TimeLimit(keras.callbacks.Callback):
     def __init__(self, seconds):
         super().__init__()
@@ -139,7 +153,7 @@ def parse_args(argv):
                    help="stop after the epoch that passes this many minutes")
     p.add_argument("--large", action="store_true", help="larger model and batches (GPU)")
     p.add_argument("--predictor", choices=("stateless", "lstm"), default="stateless")
-    p.add_argument("--tokens", choices=tuple(pipeline.TOKENIZERS), default="words",
+    p.add_argument("--tokens", choices=tuple(pipeline.TOKENIZERS), default="characters",
                    help="label units: whole words (the digit words and the commands' words) or "
                    "characters")
     p.add_argument("--fastemit-lambda", type=float, default=0.0)
@@ -148,6 +162,11 @@ def parse_args(argv):
                    "frames (0: only the global statistics)")
     p.add_argument("--augment", choices=("full", "spec", "audio", "none"), default="full",
                    help="training augmentation: audio (speed, gain, noise), SpecAugment, both")
+    p.add_argument("--dropout", type=float, default=None,
+                   help=f"dropout rate (default {ModelConfig.dropout})")
+    p.add_argument("--ema", type=float, default=0.99, metavar="MOMENTUM",
+                   help="evaluate and export an exponential moving average of the weights "
+                   "with this momentum per step (0: off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-symbols", type=int, default=5,
                    help="greedy search: labels per encoder frame at most")
@@ -160,7 +179,7 @@ def parse_args(argv):
                    help="load these weights (a final.weights.h5), evaluate and export; no training")
     p.add_argument("--audio-backend", choices=("auto", "tfio", "core"), default="auto")
     args = p.parse_args(argv)
-    defaults = dict(epochs=21, batch_size=32, learning_rate=1e-3, eval_every=3, human_train=1600)
+    defaults = dict(epochs=14, batch_size=32, learning_rate=1e-3, eval_every=7, human_train=1600)
     if args.large:
         defaults = dict(epochs=60, batch_size=64, learning_rate=5e-4, eval_every=10,
                         human_train=8000)
@@ -192,6 +211,8 @@ def main(argv=None):
     config = ModelConfig(vocab_size=tokenizer.size, predictor=args.predictor,
                          fastemit_lambda=args.fastemit_lambda,
                          mean_prior_frames=args.mean_prior_frames, **(LARGE if args.large else {}))
+    if args.dropout is not None:
+        config = dataclasses.replace(config, dropout=args.dropout)
     augment = pipeline.AugmentConfig()
     if args.augment in ("spec", "none"):
         augment = dataclasses.replace(augment, speed_factors=(1.0,), gain_db=(0.0, 0.0),
@@ -201,7 +222,8 @@ def main(argv=None):
     train_ds = pipeline.make_dataset(train_manifest, args.batch_size, training=True,
                                      augment_config=augment, seed=args.seed, tokenizer=tokenizer)
     steps_per_epoch = 1 if args.evaluate_only else sum(1 for _ in train_ds)
-    model = build_model(config, args.learning_rate, steps=args.epochs * steps_per_epoch)
+    model = build_model(config, args.learning_rate, steps=args.epochs * steps_per_epoch,
+                        ema_momentum=args.ema)
     encoder = parts(model)[0]
     if args.evaluate_only:
         model.load_weights(args.evaluate_only)
@@ -223,7 +245,12 @@ def main(argv=None):
     model.summary()
 
     evaluate = make_evaluator(model, args.max_symbols, tokenizer=tokenizer)
-    callbacks = [
+    callbacks = []
+    if args.time_limit:
+        callbacks.append(TimeLimit(args.time_limit * 60 - (time.time() - start)))
+    if args.ema:
+        callbacks.append(SwapEMAWeights())  # before the callbacks that read the weights
+    callbacks += [
         WERCallback(evaluate, test_ds, args.eval_every, args.epochs),  # first: the
         # callbacks after it see its val_wer_* logs
         keras.callbacks.CSVLogger(os.path.join(args.out, "history.csv")),
@@ -232,8 +259,6 @@ def main(argv=None):
             os.path.join(args.out, "checkpoints", "latest.weights.h5"), save_weights_only=True,
             save_freq="epoch"),
     ]
-    if args.time_limit:
-        callbacks.append(TimeLimit(args.time_limit * 60 - (time.time() - start)))
     if args.evaluate_only:
         history = {"loss": [float("nan")]}
     else:
@@ -245,7 +270,7 @@ def main(argv=None):
                    train_seconds=train_seconds, train_cpu_seconds=time.process_time() - start_cpu,
                    tensorflow=tf.__version__, audio_backend=pipeline.audio_backend(),
                    large=args.large, config=dataclasses.asdict(config),
-                   batch_size=args.batch_size, tokens=args.tokens,
+                   batch_size=args.batch_size, tokens=args.tokens, ema=args.ema,
                    final_loss=float(history["loss"][-1]),
                    training_utterances=len(train_manifest[0]))
     for name, dataset in test_ds.items():
