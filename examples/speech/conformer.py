@@ -20,8 +20,9 @@ joint 640, V=1025, 512 subsampling channels) give 109,923,873 weights (`model.co
 109,907,329 trainable, the rest batch-normalization statistics and the feature normalization),
 the scale of Conformer-L / NeMo's large Conformer transducer.
 
-To train it with the speech recipe, build it in place of `model.build_model` and compile it the
-same way:
+The speech recipe trains a smaller Conformer encoder with its own front end and predictor:
+`train.py --conformer` (`SpeechConformerEncoder` through `model.build_model`). To train this
+whole transducer instead, build it in place of `model.build_model` and compile it the same way:
 
 ```python
 from conformer import build_conformer_transducer
@@ -49,7 +50,7 @@ from tf_rnnt.keras import RNNTJoint, conv_output_lengths
 # The speech recipe's model.py sits beside this file, also when this file is loaded by its path.
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model import Predictor  # noqa: E402
+from model import FeatureNormalization, Predictor, running_mean_normalization  # noqa: E402
 
 SUBSAMPLING = 4
 
@@ -218,10 +219,7 @@ class ConformerEncoder(keras.layers.Layer):
 
     def build(self, input_shape):
         bins = self.num_mel_bins
-        self.feature_mean = self.add_weight(name="feature_mean", shape=(bins,),
-                                            initializer="zeros", trainable=False)
-        self.feature_std = self.add_weight(name="feature_std", shape=(bins,),
-                                           initializer="ones", trainable=False)
+        self._build_feature_normalization()
         bins1 = (bins + 2 - 3) // 2 + 1
         bins2 = (bins1 + 2 - 3) // 2 + 1
         self.conv1.build((None, None, bins + 2, 1))
@@ -231,10 +229,26 @@ class ConformerEncoder(keras.layers.Layer):
             block.build((None, None, self.d_model))
         self.built = True
 
+    def _build_feature_normalization(self):
+        bins = self.num_mel_bins
+        self.feature_mean = self.add_weight(name="feature_mean", shape=(bins,),
+                                            initializer="zeros", trainable=False)
+        self.feature_std = self.add_weight(name="feature_std", shape=(bins,),
+                                           initializer="ones", trainable=False)
+
     def set_feature_statistics(self, mean, std):
         """Per-bin normalization `(features - mean) / std` (not trained)."""
         self.feature_mean.assign(mean)
         self.feature_std.assign(std)
+
+    def normalize_features(self, features):
+        """`[B, T_in, F]` float32 features -> normalized float32 features. Frame t may depend on
+        frames <= t only: the padding after a sample's frames must not reach them."""
+        return (features - self.feature_mean) / self.feature_std
+
+    def frame_lengths(self, feature_lengths):
+        """Valid output frames for `feature_lengths` feature frames (`output_lengths`)."""
+        return output_lengths(feature_lengths)
 
     def _subsample(self, conv, x, lengths):
         # One zero frame / bin on each side: output j reads inputs 2j - 1 .. 2j + 1, so the
@@ -247,8 +261,7 @@ class ConformerEncoder(keras.layers.Layer):
     def call(self, inputs, training=False):
         features, feature_lengths = inputs
         feature_lengths = tf.cast(feature_lengths, tf.int32)
-        x = tf.cast(features, tf.float32)
-        x = (x - self.feature_mean) / self.feature_std
+        x = self.normalize_features(tf.cast(features, tf.float32))
         x = x * _frame_mask(feature_lengths, tf.shape(x)[1], x.dtype)
         x = tf.cast(x, self.compute_dtype)[..., None]
         x, lengths = self._subsample(self.conv1, x, feature_lengths)
@@ -284,6 +297,50 @@ class ConformerEncoder(keras.layers.Layer):
                       kernel_size=self.kernel_size,
                       subsampling_channels=self.subsampling_channels, dropout=self.dropout)
         return config
+
+
+@keras.saving.register_keras_serializable(package="tf_rnnt_conformer")
+class SpeechConformerEncoder(FeatureNormalization, ConformerEncoder):
+    """`ConformerEncoder` with the speech example's front end, in place of its
+    `model.StreamingEncoder` (train.py --conformer).
+
+    The features are normalized as `StreamingEncoder` does it: a `feature_norm`
+    (`keras.layers.Normalization`, `adapt_features` / `set_feature_statistics`, saved with the
+    weights), then with `mean_prior_frames` > 0 the utterance's running feature mean
+    (`model.running_mean_normalization`). The rest is `ConformerEncoder`: full-context attention
+    and "same" convolutions, so there is no chunk-wise `stream`; frame lengths are
+    `output_lengths` (`frame_lengths`), `ceil(L / 4)`.
+
+    Call: `encoder([features, feature_lengths])`, with the output's Keras mask.
+
+    Args:
+      num_mel_bins, d_model, num_blocks, num_heads, ff_dim, kernel_size, subsampling_channels,
+        dropout: see `ConformerEncoder`.
+      mean_prior_frames: the running mean's prior in frames (0: no per-utterance mean).
+    """
+
+    def __init__(self, num_mel_bins=40, d_model=144, num_blocks=4, num_heads=4, ff_dim=576,
+                 kernel_size=15, subsampling_channels=32, dropout=0.1, mean_prior_frames=0,
+                 **kwargs):
+        super().__init__(num_mel_bins, d_model, num_blocks, num_heads, ff_dim, kernel_size,
+                         subsampling_channels, dropout, **kwargs)
+        self.mean_prior_frames = mean_prior_frames
+        self.feature_norm = keras.layers.Normalization(axis=-1, name="feature_norm")
+
+    def _build_feature_normalization(self):
+        self.feature_norm.build((None, None, self.num_mel_bins))
+
+    def normalize_features(self, features):
+        x = tf.cast(self.feature_norm(features), tf.float32)  # float32 also under mixed policies
+        if self.mean_prior_frames:
+            batch = tf.shape(x)[0]
+            x, _, _ = running_mean_normalization(
+                x, tf.zeros([batch, self.num_mel_bins]), tf.zeros([batch, 1]),
+                self.mean_prior_frames)
+        return x
+
+    def get_config(self):
+        return {**super().get_config(), "mean_prior_frames": self.mean_prior_frames}
 
 
 @keras.saving.register_keras_serializable(package="tf_rnnt_conformer")

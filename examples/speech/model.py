@@ -4,6 +4,9 @@ Everything the encoder computes for frame t depends on features up to t only, so
 chunk by chunk (`StreamingEncoder.stream`, with its carried state) gives the same frames as
 running it on the whole utterance: the causal convolutions carry their left context, the LSTMs
 their (h, c).
+
+`ModelConfig(encoder="conformer")` (train.py --conformer) puts a full-context Conformer encoder
+(`conformer.SpeechConformerEncoder`) in its place; it has no `stream`.
 """
 
 import dataclasses
@@ -30,6 +33,12 @@ class ModelConfig:
     mean_prior_frames: int = 50  # causal per-utterance mean normalization (0: off)
     predictor: str = "stateless"  # or "lstm"
     fastemit_lambda: float = 0.0
+    # "lstm" (StreamingEncoder) or "conformer" (conformer.SpeechConformerEncoder: encoder_dim is
+    # its width d, encoder_layers its blocks, conv_channels its subsampling channels).
+    encoder: str = "lstm"
+    attention_heads: int = 4  # Conformer only, as the three below
+    ff_dim: int = 576
+    conv_kernel_size: int = 15
 
 
 # GPU settings (train.py --large, learning rate 5e-4). Measured on an H200 with the
@@ -38,9 +47,57 @@ class ModelConfig:
 LARGE = dict(conv_channels=64, encoder_dim=384, encoder_layers=3, embedding_dim=96,
              predictor_dim=256, joint_dim=256, dropout=0.1)
 
+# train.py --conformer: Conformer-S's width (d=144, 4 heads, feed-forward 4d; Gulati et al.
+# 2020) with 4 of its 16 blocks and a 15-frame (600 ms) kernel (utterances here are 1-6 words),
+# so that it trains on a CPU: 2.0 M encoder weights (the LSTM encoder: 1.1 M), a training step
+# about 1.4 times as long (batch 32 of 3 s utterances, 2 shared cores).
+CONFORMER = dict(encoder="conformer", encoder_dim=144, encoder_layers=4, attention_heads=4,
+                 ff_dim=576, conv_kernel_size=15)
+# --conformer --large (GPU; applied over LARGE): Conformer-M's width (d=256, kernel 31) with 12
+# of its 16 blocks for the digit-sized vocabulary and data.
+CONFORMER_LARGE = dict(encoder="conformer", encoder_dim=256, encoder_layers=12,
+                       attention_heads=4, ff_dim=1024, conv_kernel_size=31)
+
+
+class FeatureNormalization:
+    """Mixin for encoders with a `feature_norm` (`keras.layers.Normalization`) over
+    `num_mel_bins` features: its statistics from data or given directly."""
+
+    def adapt_features(self, features):
+        """Sets the feature statistics from a `tf.data.Dataset` of `[1, T, F]` features."""
+        # Some audio decoders (tensorflow-io) leave the rank unknown; adapt needs it.
+        bins = self.num_mel_bins
+        self.feature_norm.adapt(features.map(lambda x: tf.ensure_shape(x, [None, None, bins])))
+
+    def set_feature_statistics(self, mean, std):
+        """Sets the per-bin feature statistics directly (`[F]` mean and standard deviation)."""
+        self.feature_norm.adapt_mean.assign(mean)
+        self.feature_norm.adapt_variance.assign(tf.square(std))
+        self.feature_norm.finalize_state()
+
+
+def running_mean_normalization(x, total, count, prior_frames):
+    """Causal per-utterance mean normalization: subtracts from frame t the mean of frames <= t,
+    with a prior of `prior_frames` frames at 0 (the global mean, after `feature_norm`).
+
+    Args:
+      x: `[B, T, F]` normalized features.
+      total: `[B, F]` sum of the utterance's frames before `x` (zeros at the start).
+      count: `[B, 1]` number of those frames.
+      prior_frames: the prior's weight in frames.
+
+    Returns:
+      (`[B, T, F]` features, new total, new count).
+    """
+    sums = total[:, None] + tf.cumsum(x, axis=1)
+    counts = count[:, None] + tf.cumsum(tf.ones_like(x[..., :1]), axis=1)
+    new_total = total + tf.reduce_sum(x, axis=1)
+    new_count = count + tf.cast(tf.shape(x)[1], tf.float32)
+    return x - sums / (counts + float(prior_frames)), new_total, new_count
+
 
 @keras.saving.register_keras_serializable(package="tf_rnnt_speech")
-class StreamingEncoder(keras.layers.Layer):
+class StreamingEncoder(FeatureNormalization, keras.layers.Layer):
     """Causal encoder: `[B, T, F]` log-mel features -> `[B, T // 4, encoder_dim]` frames.
 
     Features are normalized with fixed per-bin statistics (a `keras.layers.Normalization`
@@ -95,18 +152,6 @@ class StreamingEncoder(keras.layers.Layer):
         for lstm in self.lstms:
             lstm.build((None, None, self.encoder_dim))
         self.built = True
-
-    def adapt_features(self, features):
-        """Sets the feature statistics from a `tf.data.Dataset` of `[1, T, F]` features."""
-        # Some audio decoders (tensorflow-io) leave the rank unknown; adapt needs it.
-        bins = self.num_mel_bins
-        self.feature_norm.adapt(features.map(lambda x: tf.ensure_shape(x, [None, None, bins])))
-
-    def set_feature_statistics(self, mean, std):
-        """Sets the per-bin feature statistics directly (`[F]` mean and standard deviation)."""
-        self.feature_norm.adapt_mean.assign(mean)
-        self.feature_norm.adapt_variance.assign(tf.square(std))
-        self.feature_norm.finalize_state()
 
     # -- state ---------------------------------------------------------------------------------
     def state_shapes(self):
@@ -164,12 +209,9 @@ class StreamingEncoder(keras.layers.Layer):
         x = self.feature_norm(features)
         mean_state = []
         if self.mean_prior_frames:
-            total, count = state[-2], state[-1]  # [B, F], [B, 1]
-            sums = total[:, None] + tf.cumsum(x, axis=1)
-            counts = count[:, None] + tf.cumsum(tf.ones_like(x[..., :1]), axis=1)
-            mean_state = [total + tf.reduce_sum(x, axis=1),
-                          count + tf.cast(tf.shape(x)[1], tf.float32)]
-            x -= sums / (counts + float(self.mean_prior_frames))
+            x, total, count = running_mean_normalization(x, state[-2], state[-1],
+                                                         self.mean_prior_frames)
+            mean_state = [total, count]
         x = x[..., None]
         x, ctx1 = self._causal_conv(self.conv1, x, state[0])
         x, ctx2 = self._causal_conv(self.conv2, x, state[1])
@@ -202,6 +244,10 @@ class StreamingEncoder(keras.layers.Layer):
                 [features.shape, feature_lengths.shape])[:2], dtype="bool")
         num_frames = tf.shape(features)[1] // 2 // 2
         return tf.sequence_mask(output_lengths(feature_lengths), num_frames)
+
+    def frame_lengths(self, feature_lengths):
+        """Valid output frames for `feature_lengths` feature frames (`output_lengths`)."""
+        return output_lengths(feature_lengths)
 
     def compute_output_shape(self, input_shape):
         features_shape = input_shape[0]
@@ -344,6 +390,23 @@ class StatelessPredictor(_PredictorBase):
         return self._output(tokens, state[0]), [tokens]
 
 
+def build_encoder(config):
+    """The encoder `config.encoder` names, as layer "encoder"."""
+    if config.encoder == "conformer":
+        # Imported here: conformer.py imports this module (for its predictor).
+        from conformer import SpeechConformerEncoder
+
+        return SpeechConformerEncoder(
+            config.num_mel_bins, config.encoder_dim, config.encoder_layers,
+            config.attention_heads, config.ff_dim, config.conv_kernel_size,
+            config.conv_channels, config.dropout, config.mean_prior_frames, name="encoder")
+    if config.encoder != "lstm":
+        raise ValueError(f"encoder must be 'lstm' or 'conformer', got {config.encoder!r}.")
+    return StreamingEncoder(config.num_mel_bins, config.conv_channels, config.encoder_dim,
+                            config.encoder_layers, config.dropout, config.mean_prior_frames,
+                            name="encoder")
+
+
 def build_model(config=ModelConfig(), learning_rate=1e-3, steps=None, ema_momentum=0.0):
     """The training model: `{"features", "feature_lengths", "labels"}` -> lattice, compiled
     with `FlashRNNTLoss`; with `ema_momentum` > 0 the optimizer keeps an exponential moving
@@ -351,17 +414,16 @@ def build_model(config=ModelConfig(), learning_rate=1e-3, steps=None, ema_moment
     features = keras.Input((None, config.num_mel_bins), name="features")
     feature_lengths = keras.Input((), dtype="int32", name="feature_lengths")
     labels = keras.Input((None,), dtype="int32", name="labels")
-    encoder = StreamingEncoder(config.num_mel_bins, config.conv_channels, config.encoder_dim,
-                               config.encoder_layers, config.dropout, config.mean_prior_frames,
-                               name="encoder")
+    encoder = build_encoder(config)
     predictor_class = StatelessPredictor if config.predictor == "stateless" else Predictor
     predictor = predictor_class(config.vocab_size, config.embedding_dim, config.predictor_dim,
                                 dropout=config.dropout, name="predictor")
     joint = RNNTJoint(config.vocab_size, config.joint_dim, name="joint")
     frames = encoder([features, feature_lengths])
     lattice = joint([frames, predictor(labels), labels])
+    name = "streaming_transducer" if config.encoder == "lstm" else "conformer_transducer"
     model = keras.Model({"features": features, "feature_lengths": feature_lengths,
-                         "labels": labels}, lattice, name="streaming_transducer")
+                         "labels": labels}, lattice, name=name)
     if steps:
         schedule = keras.optimizers.schedules.CosineDecay(
             0.0, steps, alpha=0.05, warmup_target=learning_rate,

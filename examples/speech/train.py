@@ -2,6 +2,7 @@
 
     python examples/speech/train.py --out runs/speech --tflite          # CPU default
     python examples/speech/train.py --out runs/speech_large --large     # GPU
+    python examples/speech/train.py --out runs/speech_conformer --conformer   # Conformer encoder
 
 Training data: the committed synthesized set (`data/`, espeak-ng) and digit strings made from
 the committed Free Spoken Digit Dataset words of four speakers (`fsdd.py`, written to
@@ -10,7 +11,9 @@ digit strings spoken by the fifth speaker, who is in no training utterance.
 
 Writes into --out: TensorBoard logs (tensorboard/), the per-epoch CSV log (history.csv), weight
 checkpoints (checkpoints/, final.weights.h5), the metrics (results.json) and the streaming
-SavedModel (saved_model/, see export.py; with --tflite also streaming_step.tflite).
+SavedModel (saved_model/, see export.py; with --tflite also streaming_step.tflite). With
+--conformer the encoder attends to whole utterances: the SavedModel has the whole-utterance
+signatures only (features, transcribe) and --tflite is refused.
 """
 
 import argparse
@@ -33,7 +36,14 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pipeline  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from model import LARGE, ModelConfig, build_model, output_lengths, parts  # noqa: E402
+from model import (  # noqa: E402
+    CONFORMER,
+    CONFORMER_LARGE,
+    LARGE,
+    ModelConfig,
+    build_model,
+    parts,
+)
 
 from tf_rnnt import decoding  # noqa: E402
 
@@ -49,7 +59,7 @@ def make_evaluator(model, max_symbols=5, beam_size=0, tokenizer=pipeline.CHARACT
     @tf.function(reduce_retracing=True)
     def decode_batch(features, feature_lengths):
         frames = encoder([features, feature_lengths], training=False)
-        lengths = output_lengths(feature_lengths)
+        lengths = encoder.frame_lengths(feature_lengths)
         start = predictor.initial_state(tf.shape(features)[0])
         if beam_size:
             state = decoding.beam_initial_state(predictor.step, start, beam_size, pipeline.BLANK)
@@ -152,6 +162,13 @@ def parse_args(argv):
     p.add_argument("--time-limit", type=float, default=None,
                    help="stop after the epoch that passes this many minutes")
     p.add_argument("--large", action="store_true", help="larger model and batches (GPU)")
+    p.add_argument("--conformer", action="store_true",
+                   help="a Conformer encoder (full context; no streaming export) in place of the "
+                   "streaming LSTM encoder; with --large a bigger one")
+    p.add_argument("--encoder-dim", type=int, default=None,
+                   help="encoder width (LSTM units or the Conformer's d), over the default")
+    p.add_argument("--encoder-layers", type=int, default=None,
+                   help="LSTM layers or Conformer blocks, over the default")
     p.add_argument("--predictor", choices=("stateless", "lstm"), default="stateless")
     p.add_argument("--tokens", choices=tuple(pipeline.TOKENIZERS), default="characters",
                    help="label units: whole words (the digit words and the commands' words) or "
@@ -179,6 +196,10 @@ def parse_args(argv):
                    help="load these weights (a final.weights.h5), evaluate and export; no training")
     p.add_argument("--audio-backend", choices=("auto", "tfio", "core"), default="auto")
     args = p.parse_args(argv)
+    if args.conformer and args.tflite:
+        p.error("--tflite needs a streaming encoder: the Conformer encoder attends to the whole "
+                "utterance, so it has no chunk-wise TFLite step (its SavedModel has the "
+                "whole-utterance transcribe signature); drop --tflite or --conformer")
     defaults = dict(epochs=14, batch_size=32, learning_rate=1e-3, eval_every=7, human_train=1600)
     if args.large:
         defaults = dict(epochs=60, batch_size=64, learning_rate=5e-4, eval_every=10,
@@ -208,11 +229,15 @@ def main(argv=None):
     test_manifests = {"synthetic": os.path.join(args.data, "test.tsv"), "human": human_test}
 
     tokenizer = pipeline.TOKENIZERS[args.tokens]
+    sizes = dict(LARGE) if args.large else {}
+    if args.conformer:
+        sizes.update(CONFORMER_LARGE if args.large else CONFORMER)
+    for key in ("encoder_dim", "encoder_layers", "dropout"):
+        if getattr(args, key) is not None:
+            sizes[key] = getattr(args, key)
     config = ModelConfig(vocab_size=tokenizer.size, predictor=args.predictor,
                          fastemit_lambda=args.fastemit_lambda,
-                         mean_prior_frames=args.mean_prior_frames, **(LARGE if args.large else {}))
-    if args.dropout is not None:
-        config = dataclasses.replace(config, dropout=args.dropout)
+                         mean_prior_frames=args.mean_prior_frames, **sizes)
     augment = pipeline.AugmentConfig()
     if args.augment in ("spec", "none"):
         augment = dataclasses.replace(augment, speed_factors=(1.0,), gain_db=(0.0, 0.0),
@@ -294,7 +319,8 @@ def main(argv=None):
         path = os.path.join(args.out, "saved_model")
         export.export_saved_model(model, path, tokenizer=tokenizer)
         results["saved_model"] = path
-        print(f"exported the streaming SavedModel to {path}")
+        kind = "streaming" if config.encoder == "lstm" else "whole-utterance"
+        print(f"exported the {kind} SavedModel to {path}")
         if args.tflite:
             path = os.path.join(args.out, "streaming_step.tflite")
             export.export_tflite(model, path, tokenizer=tokenizer)
