@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Where a traced training step spends its time: a TensorFlow profiler trace summed by layer.
+
+  python benchmarks/bench_model.py --profile /tmp/prof ...      # records DIR/<run>/...xplane.pb
+  python benchmarks/trace_summary.py /tmp/prof/flash_mixed_bfloat16_fit1 --steps 3
+
+On a GPU the kernels on the device's streams are summed by the TensorFlow op that launched them
+(the profiler's `tf_op` statistic); on a CPU the executor's op events are summed. Each op's name
+path is cut to its layer (`--depth` components after the model, gradient ops counted with the
+layer whose gradient they are, digits folded so the 16 blocks of a Conformer form one row). The
+sums are GPU (or CPU-thread) busy time: overlapping streams or threads count twice.
+"""
+
+import argparse
+import collections
+import glob
+import os
+import re
+import sys
+
+_WRAPPERS = re.compile(r"^(StatefulPartitionedCall|PartitionedCall|gradient_tape|while|cond|"
+                       r"body|__inference.*|multi_step_on_iterator|one_step_on_data.*)(_\d+)?$")
+
+
+def layer_key(op_name, depth=2):
+    """`("backward" | "forward", layer path)` of an op name such as
+    `StatefulPartitionedCall/gradient_tape/model/conformer_block_3/ffn/MatMul:MatMul`."""
+    path = op_name.split(":")[0].split("/")
+    backward = "gradient_tape" in path or any(p.startswith("gradients") for p in path)
+    parts = [p for p in path[:-1] if not _WRAPPERS.match(p) and not p.startswith("gradients")]
+    if not parts:
+        return ("backward" if backward else "forward"), "(other)"
+    if parts[0].startswith(("adam", "sgd", "optimizer", "Adam")):
+        return "update", "optimizer"
+    key = "/".join(re.sub(r"\d+", "*", p) for p in parts[1:1 + depth]) or parts[0]
+    return ("backward" if backward else "forward"), key
+
+
+def _events(path):
+    """(op name, seconds) per device kernel, or per host op event without a GPU plane."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+        space.ParseFromString(f.read())
+    gpu_planes = [p for p in space.planes if p.name.startswith("/device:GPU:")]
+    for plane in gpu_planes:
+        stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
+        for line in plane.lines:
+            if not line.name.startswith("Stream #"):
+                continue  # the derived per-op and per-step lines repeat the streams' time
+            for event in line.events:
+                op = ""
+                for stat in event.stats:
+                    if stat_names.get(stat.metadata_id) == "tf_op":
+                        op = stat.str_value or stat_names.get(stat.ref_value, "")
+                name = op or plane.event_metadata[event.metadata_id].name
+                yield plane.name, name, event.duration_ps * 1e-12
+    if gpu_planes:
+        return
+    for plane in space.planes:
+        if plane.name != "/host:CPU":
+            continue
+        for line in plane.lines:
+            if not line.name.startswith("tf_Compute"):
+                continue
+            for event in line.events:
+                name = plane.event_metadata[event.metadata_id].name
+                if ":" in name and "::" not in name:
+                    yield plane.name, name, event.duration_ps * 1e-12
+
+
+def summarize(trace_dir, steps=1, depth=2, top=25):
+    files = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))
+    if not files:
+        raise SystemExit(f"no *.xplane.pb under {trace_dir}")
+    totals = collections.defaultdict(float)
+    devices = set()
+    for path in files:
+        for device, name, seconds in _events(path):
+            devices.add(device)
+            totals[layer_key(name, depth)] += seconds
+    per_device = 1.0 / (steps * max(1, len(devices)))
+    total = sum(totals.values()) * per_device
+    lines = [f"{trace_dir}: {', '.join(sorted(devices))}; busy time per step and device "
+             f"{total * 1e3:.1f} ms ({steps} steps)", "",
+             "| pass | layer | ms per step | share |", "|---|---|---|---|"]
+    by_pass = collections.defaultdict(float)
+    for (pass_, key), seconds in totals.items():
+        by_pass[pass_] += seconds
+    rows = sorted(totals.items(), key=lambda kv: -kv[1])
+    for (pass_, key), seconds in rows[:top]:
+        ms = seconds * per_device * 1e3
+        lines.append(f"| {pass_} | {key} | {ms:.1f} | {ms / (total * 1e3):.1%} |")
+    rest = sum(s for _, s in rows[top:]) * per_device * 1e3
+    if rest:
+        lines.append(f"| | ({len(rows) - top} more) | {rest:.1f} | {rest / (total * 1e3):.1%} |")
+    lines.append("")
+    lines.append("By pass: " + ", ".join(f"{p} {s * per_device * 1e3:.1f} ms"
+                                         for p, s in sorted(by_pass.items())))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("trace_dir", nargs="+")
+    parser.add_argument("--steps", type=int, default=3, help="steps in the trace")
+    parser.add_argument("--depth", type=int, default=1, help="layer path components kept")
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args(argv)
+    for trace_dir in args.trace_dir:
+        print(summarize(trace_dir, args.steps, args.depth, args.top))
+        print()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
