@@ -25,6 +25,7 @@ sys.path.insert(0, SPEECH)
 import keras  # noqa: E402
 import pipeline  # noqa: E402
 from model import ModelConfig, build_model, output_lengths, parts  # noqa: E402
+from saved_model_child import PREAMBLE  # noqa: E402
 
 from tf_rnnt import decoding  # noqa: E402
 
@@ -134,34 +135,7 @@ def test_chunked_greedy_equals_whole(random_model, held_out_features):
 
 # ------------------------------------------------------------------------------ SavedModel
 
-_CHILD = textwrap.dedent(r'''
-    import importlib.abc, json, os, sys
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-
-    class NoTfRnnt(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name == "tf_rnnt" or name.startswith("tf_rnnt."):
-                raise ImportError("this process must not import tf_rnnt")
-            return None
-
-    sys.meta_path.insert(0, NoTfRnnt())
-    import numpy as np
-    import tensorflow as tf
-    from tensorflow.core.protobuf import saved_model_pb2
-    from tensorflow.python.framework import op_def_registry
-
-    export_dir, audio_file = sys.argv[1], sys.argv[2]
-    proto = saved_model_pb2.SavedModel()
-    with open(os.path.join(export_dir, "saved_model.pb"), "rb") as f:
-        proto.ParseFromString(f.read())
-    ops = set()
-    for graph in proto.meta_graphs:
-        ops |= {node.op for node in graph.graph_def.node}
-        for function in graph.graph_def.library.function:
-            ops |= {node.op for node in function.node_def}
-    unregistered = sorted(op for op in ops if op_def_registry.get(op) is None)
-
-    model = tf.saved_model.load(export_dir)
+_CHILD = PREAMBLE + textwrap.dedent(r'''
     sig = model.signatures
     audio = np.load(audio_file)
     results = []
