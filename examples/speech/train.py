@@ -5,9 +5,9 @@
     python examples/speech/train.py --out runs/speech_conformer --conformer   # Conformer encoder
 
 Training data: the committed synthesized set (`data/`, espeak-ng) and digit strings made from
-the committed Free Spoken Digit Dataset words of four speakers (`fsdd.py`, written to
+the committed Free Spoken Digit Dataset words of five speakers (`fsdd.py`, written to
 OUT/fsdd_strings on first use). Held out, scored separately: the synthesized test strings and
-digit strings spoken by the fifth speaker, who is in no training utterance.
+digit strings spoken by a sixth speaker, who is in no training utterance.
 
 Writes into --out: TensorBoard logs (tensorboard/), the per-epoch CSV log (history.csv), weight
 checkpoints (checkpoints/, final.weights.h5), the metrics (results.json) and the streaming
