@@ -2,17 +2,22 @@
 are the exponential moving average of the weights after each step, computed here in float64,
 also when training stops before its last epoch."""
 
+import importlib.util
 import os
 import sys
 
+import keras
 import numpy as np
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "examples", "speech"))
-
-import keras  # noqa: E402
-import train  # noqa: E402
+SPEECH = os.path.join(REPO, "examples", "speech")
+sys.path.insert(0, SPEECH)
+# Under its own module name: examples/multiworker has a train.py too.
+_spec = importlib.util.spec_from_file_location("speech_train_ema",
+                                               os.path.join(SPEECH, "train.py"))
+train = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(train)
 
 
 class _Recorder(keras.callbacks.Callback):
@@ -65,3 +70,51 @@ def test_ema_weights_are_evaluated_and_kept(stop_early):
     for got, want, raw in zip(model.get_weights(), expected, recorder.steps[-1]):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         assert np.abs(want - raw).max() > 1e-3
+
+
+def _small_synthesized_set(tmp_path):
+    """8 training and 4 held-out utterances of the committed synthesized set."""
+    data_dir = os.path.join(SPEECH, "data")
+    out = tmp_path / "data"
+    out.mkdir()
+    for name, rows in (("train.tsv", 9), ("test.tsv", 5)):
+        lines = open(os.path.join(data_dir, name)).read().splitlines()[:rows]
+        body = [os.path.join(data_dir, line.split("\t", 1)[0]) + "\t" + line.split("\t", 1)[1]
+                for line in lines[1:]]
+        (out / name).write_text("\n".join([lines[0]] + body) + "\n")
+    return out
+
+
+@pytest.mark.slow
+def test_train_scores_the_final_averaged_weights(tmp_path, monkeypatch):
+    monkeypatch.setattr(keras.callbacks, "TensorBoard",
+                        lambda *args, **kwargs: keras.callbacks.Callback())
+    seen = []  # the weights at each evaluation of a held-out set
+    make_evaluator = train.make_evaluator
+
+    def recording_evaluator(model, *args, **kwargs):
+        evaluate = make_evaluator(model, *args, **kwargs)
+
+        def wrapped(dataset):
+            seen.append([w.copy() for w in model.get_weights()])
+            return evaluate(dataset)
+        return wrapped
+
+    monkeypatch.setattr(train, "make_evaluator", recording_evaluator)
+    out = tmp_path / "run"
+    results = train.main([
+        "--data", str(_small_synthesized_set(tmp_path)), "--out", str(out),
+        "--human-train", "8", "--human-test", "4", "--epochs", "2", "--eval-every", "1",
+        "--batch-size", "8", "--encoder-dim", "16", "--encoder-layers", "1", "--ema", "0.5",
+        "--no-export"])
+    assert set(results["wer"]) == {"synthetic", "human"}
+    # Two sets scored after each of the 2 epochs, none again after training.
+    assert len(seen) == 4
+    model = train.build_model(train.ModelConfig(**results["config"]))
+    model.load_weights(str(out / "final.weights.h5"))
+    final = model.get_weights()
+    for scored in seen[2:]:
+        for got, want in zip(scored, final):
+            np.testing.assert_array_equal(got, want)
+    # The first epoch's weights differ from the final ones.
+    assert any(not np.array_equal(a, b) for a, b in zip(seen[0], final))

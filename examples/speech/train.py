@@ -95,7 +95,9 @@ def word_error_rate(references, hypotheses):
 
 class WERCallback(keras.callbacks.Callback):
     """Greedy-decodes the held-out sets every `every` epochs (and after the last); logs
-    `val_wer_<name>` for each (TensorBoard and the CSV log read them from the epoch logs)."""
+    `val_wer_<name>` for each (TensorBoard and the CSV log read them from the epoch logs).
+    `scored` keeps the latest `(WER, references, hypotheses)` per set, `scored_epoch` its
+    epoch (counted from 1)."""
 
     def __init__(self, evaluate, datasets, every, epochs):
         super().__init__()
@@ -103,6 +105,7 @@ class WERCallback(keras.callbacks.Callback):
         self.datasets = datasets
         self.every = every
         self.epochs = epochs
+        self.scored, self.scored_epoch = {}, 0
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every and epoch + 1 != self.epochs:
@@ -110,7 +113,8 @@ class WERCallback(keras.callbacks.Callback):
                 logs["val_wer_" + name] = float("nan")  # the CSV log needs every column
             return
         for name, dataset in self.datasets.items():
-            wer, refs, hyps = self.evaluate(dataset)
+            wer, refs, hyps = self.scored[name] = self.evaluate(dataset)
+            self.scored_epoch = epoch + 1
             logs["val_wer_" + name] = wer
             print(f"\nepoch {epoch + 1}: held-out WER ({name}) {wer:.2%}  e.g. ref "
                   f"'{refs[0]}' hyp '{hyps[0]}'", flush=True)
@@ -275,8 +279,9 @@ def main(argv=None):
         callbacks.append(TimeLimit(args.time_limit * 60 - (time.time() - start)))
     if args.ema:
         callbacks.append(SwapEMAWeights())  # before the callbacks that read the weights
+    wer_callback = WERCallback(evaluate, test_ds, args.eval_every, args.epochs)
     callbacks += [
-        WERCallback(evaluate, test_ds, args.eval_every, args.epochs),  # first: the
+        wer_callback,  # first: the
         # callbacks after it see its val_wer_* logs
         keras.callbacks.CSVLogger(os.path.join(args.out, "history.csv")),
         keras.callbacks.TensorBoard(os.path.join(args.out, "tensorboard"), update_freq="epoch"),
@@ -298,8 +303,11 @@ def main(argv=None):
                    batch_size=args.batch_size, tokens=args.tokens, ema=args.ema,
                    final_loss=float(history["loss"][-1]),
                    training_utterances=len(train_manifest[0]))
+    # The last epoch's scores are the final weights' (averaged ones too: SwapEMAWeights put
+    # them in before the callback ran).
+    scored = wer_callback.scored if wer_callback.scored_epoch == results["epochs"] else {}
     for name, dataset in test_ds.items():
-        wer, refs, hyps = evaluate(dataset)
+        wer, refs, hyps = scored[name] if name in scored else evaluate(dataset)
         results["wer"][name] = wer
         results["test_utterances"][name] = len(refs)
         print(f"held-out WER ({name}): {wer:.2%} on {len(refs)} utterances")
