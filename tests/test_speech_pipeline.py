@@ -406,3 +406,23 @@ def test_training_dataset_augments(core_backend):
     # Random per epoch: the same utterance comes out differently.
     assert any(a.shape != epochs[1][t].shape or not np.allclose(a, epochs[1][t])
                for t, a in epochs[0].items())
+
+
+def test_datasets_built_on_one_decoded_dataset(core_backend):
+    """A `decoded_dataset` (decoded once, cached) gives every dataset built on it exactly what
+    the manifest gives: the training batches of any number of builds and the features that
+    adapt the normalization."""
+    paths, texts = pipeline.read_manifest(os.path.join(DATA, "test.tsv"))
+    manifest = (paths[:10], texts[:10])
+    audio = pipeline.decoded_dataset(manifest)
+    for mask_value in (0.0, 0.5):  # two builds on the one cached dataset
+        built = list(pipeline.make_dataset(audio, batch_size=4, training=True, seed=7,
+                                           mask_value=mask_value))
+        direct = list(pipeline.make_dataset(manifest, batch_size=4, training=True, seed=7,
+                                            mask_value=mask_value))
+        assert len(built) == len(direct) >= 3
+        for (a, _), (b, _) in zip(built, direct):
+            for key in ("features", "feature_lengths", "labels"):
+                np.testing.assert_array_equal(a[key].numpy(), b[key].numpy())
+    for a, b in zip(pipeline.feature_dataset(audio), pipeline.feature_dataset(manifest)):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())

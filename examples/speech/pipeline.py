@@ -422,6 +422,18 @@ def default_bucket_boundaries(max_frames=800, step=50):
     return list(range(step, max_frames, step))
 
 
+def decoded_dataset(manifest, tokenizer=None, cache=True):
+    """`(audio [N] float32 at 16 kHz, labels [U] int32)` per utterance of a manifest (TSV path or
+    `(paths, transcripts)`), decoded once: with `cache` the first full pass keeps the audio in
+    memory, and every dataset built on this one (`make_dataset`, `feature_dataset`) reads it
+    from there."""
+    encode = (tokenizer or CHARACTERS).encode
+    paths, texts = read_manifest(manifest) if isinstance(manifest, str) else manifest
+    ds = tf.data.Dataset.from_tensor_slices((list(paths), list(texts)))
+    ds = ds.map(lambda p, t: (load_audio(p), encode(t)), num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.cache() if cache else ds
+
+
 def make_dataset(manifest, batch_size=32, training=False, feature_config=FeatureConfig(),
                  augment_config=AugmentConfig(), mask_value=0.0, bucket_boundaries=None,
                  seed=0, cache=True, repeat=False, tokenizer=None):
@@ -433,18 +445,17 @@ def make_dataset(manifest, batch_size=32, training=False, feature_config=Feature
     together, less padding); in training the audio is augmented and the features masked.
 
     Args:
-      manifest: TSV path (columns path, transcript) or a `(paths, transcripts)` pair.
+      manifest: TSV path, a `(paths, transcripts)` pair, or a `decoded_dataset` (then `cache`
+        and `tokenizer` are its own).
       mask_value: SpecAugment fill, scalar or `[F]` (e.g. the training features' mean).
       tokenizer: a `Tokenizer` for the labels (default `CHARACTERS`).
     """
-    encode = (tokenizer or CHARACTERS).encode
-    paths, texts = read_manifest(manifest) if isinstance(manifest, str) else manifest
-    ds = tf.data.Dataset.from_tensor_slices((list(paths), list(texts)))
-    ds = ds.map(lambda p, t: (load_audio(p), encode(t)), num_parallel_calls=tf.data.AUTOTUNE)
-    if cache:
-        ds = ds.cache()  # decoded 16 kHz audio: augmentation below stays random per epoch
+    if isinstance(manifest, tf.data.Dataset):
+        ds = manifest
+    else:
+        ds = decoded_dataset(manifest, tokenizer, cache)  # augmentation below: random per epoch
     if training:
-        ds = ds.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
+        ds = ds.shuffle(int(ds.cardinality()), seed=seed, reshuffle_each_iteration=True)
     if repeat:
         ds = ds.repeat()
     mask_value = tf.constant(mask_value, tf.float32)
@@ -481,9 +492,14 @@ def make_dataset(manifest, batch_size=32, training=False, feature_config=Feature
 
 
 def feature_dataset(manifest, feature_config=FeatureConfig()):
-    """The (unaugmented) log-mel features of a manifest's utterances, one `[1, T, F]` batch
-    each: what `keras.layers.Normalization.adapt` takes for per-bin statistics."""
-    paths, _ = read_manifest(manifest) if isinstance(manifest, str) else manifest
-    return tf.data.Dataset.from_tensor_slices(list(paths)).map(
-        lambda p: log_mel(load_audio(p), feature_config)[None],
-        num_parallel_calls=tf.data.AUTOTUNE)
+    """The (unaugmented) log-mel features of a manifest's utterances (or of a
+    `decoded_dataset`), one `[1, T, F]` batch each: what `keras.layers.Normalization.adapt`
+    takes for per-bin statistics."""
+    if isinstance(manifest, tf.data.Dataset):
+        audio = manifest.map(lambda audio, labels: audio)
+    else:
+        paths, _ = read_manifest(manifest) if isinstance(manifest, str) else manifest
+        audio = tf.data.Dataset.from_tensor_slices(list(paths)).map(
+            load_audio, num_parallel_calls=tf.data.AUTOTUNE)
+    return audio.map(lambda x: log_mel(x, feature_config)[None],
+                     num_parallel_calls=tf.data.AUTOTUNE)

@@ -248,8 +248,11 @@ def main(argv=None):
                                       noise_probability=0.0)
     if args.augment in ("audio", "none"):
         augment = dataclasses.replace(augment, num_freq_masks=0, num_time_masks=0)
-    train_ds = pipeline.make_dataset(train_manifest, args.batch_size, training=True,
-                                     augment_config=augment, seed=args.seed, tokenizer=tokenizer)
+    # Decoded once: counting the batches (the first full pass, which caches the audio), the
+    # feature statistics and the training epochs all read the cached audio.
+    train_audio = pipeline.decoded_dataset(train_manifest, tokenizer)
+    train_ds = pipeline.make_dataset(train_audio, args.batch_size, training=True,
+                                     augment_config=augment, seed=args.seed)
     steps_per_epoch = 1 if args.evaluate_only else sum(1 for _ in train_ds)
     model = build_model(config, args.learning_rate, steps=args.epochs * steps_per_epoch,
                         ema_momentum=args.ema)
@@ -258,12 +261,11 @@ def main(argv=None):
         model.load_weights(args.evaluate_only)
         encoder.feature_norm.finalize_state()  # the statistics come from the weights file
     else:
-        encoder.adapt_features(pipeline.feature_dataset(train_manifest))
+        encoder.adapt_features(pipeline.feature_dataset(train_audio))
     # SpecAugment fills masks with the training features' mean (0 after normalization).
     train_ds = pipeline.make_dataset(
-        train_manifest, args.batch_size, training=True, augment_config=augment,
-        mask_value=np.asarray(encoder.feature_norm.adapt_mean), seed=args.seed,
-        tokenizer=tokenizer)
+        train_audio, args.batch_size, training=True, augment_config=augment,
+        mask_value=np.asarray(encoder.feature_norm.adapt_mean), seed=args.seed)
     test_ds = {name: pipeline.make_dataset(m, args.batch_size, training=False,
                                            tokenizer=tokenizer)
                for name, m in test_manifests.items()}
