@@ -228,3 +228,13 @@ def test_joint_fn_from_layer_gives_the_layers_logits():
     got = decoding.joint_fn_from_layer(joint)(tf.constant(enc), tf.constant(pred)).numpy()
     assert got.shape == (4, 7)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_compact_tokens_squeezes_out_empty_slots():
+    slots = np.array([[-1, 3, -1, -1, 5, 2], [-1, -1, -1, -1, -1, -1], [7, -1, -1, -1, -1, 1]],
+                     np.int32)
+    got = decoding.compact_tokens(tf.constant(slots)).numpy()
+    rows = [[t for t in row if t != decoding.NO_TOKEN] for row in slots.tolist()]
+    width = max(len(r) for r in rows)
+    expected = [r + [decoding.NO_TOKEN] * (width - len(r)) for r in rows]
+    np.testing.assert_array_equal(got, np.array(expected, np.int32))

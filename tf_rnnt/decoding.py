@@ -292,6 +292,16 @@ def beam_search(encoder_out, encoder_lengths, state, joint_fn, predictor_step, b
         tf.concat([tf.reshape(state["lengths"], [-1]), [0]], 0))])
 
 
+def compact_tokens(tokens):
+    """`[B, S]` token slots with empty ones (`NO_TOKEN`, as `greedy_search` returns them) ->
+    `[B, K]` each sample's labels in order, padded with `NO_TOKEN`; K is the most labels of a
+    sample."""
+    keep = tokens != NO_TOKEN
+    return tf.RaggedTensor.from_row_lengths(
+        tf.boolean_mask(tokens, keep), tf.reduce_sum(tf.cast(keep, tf.int32), axis=1)
+    ).to_tensor(default_value=NO_TOKEN)
+
+
 def best_hypothesis(state):
     """The best hypothesis of each sample in a beam search state.
 

@@ -162,11 +162,7 @@ class StreamingTranscriber(tf.Module):
         frame_lengths = self._frame_lengths_fn(self._feature_lengths_fn(audio_lengths))
         start = self._decoder_state.flatten(self._greedy_start(batch))
         tokens, _ = self._greedy(frames, frame_lengths, start)
-        keep = tokens >= 0  # squeeze out the empty slots: [B, K], K = the most labels
-        dense = tf.RaggedTensor.from_row_lengths(
-            tf.boolean_mask(tokens, keep), tf.reduce_sum(tf.cast(keep, tf.int32), axis=1)
-        ).to_tensor(default_value=decoding.NO_TOKEN)
-        return {"text": self._text(tokens), "tokens": dense}
+        return {"text": self._text(tokens), "tokens": decoding.compact_tokens(tokens)}
 
     def streaming_step(self, features, encoder_state, decoder_state):
         """encode_chunk then decode_chunk: `(tokens, encoder_state, decoder_state)`."""

@@ -84,12 +84,8 @@ class UtteranceTranscriber(tf.Module):
         tokens, _ = decoding.greedy_search(
             frames, self.encoder.frame_lengths(feature_lengths), start, self._joint_fn,
             self.predictor.step, self.max_symbols, pipeline.BLANK)
-        keep = tokens >= 0  # squeeze out the empty slots: [B, K], K = the most labels
-        dense = tf.RaggedTensor.from_row_lengths(
-            tf.boolean_mask(tokens, keep), tf.reduce_sum(tf.cast(keep, tf.int32), axis=1)
-        ).to_tensor(default_value=decoding.NO_TOKEN)
         text = tf.strings.reduce_join(tf.gather(self._texts, tf.maximum(tokens, 0)), axis=-1)
-        return {"text": text, "tokens": dense}
+        return {"text": text, "tokens": decoding.compact_tokens(tokens)}
 
 
 def export_saved_model(model, path, feature_config=pipeline.FeatureConfig(), max_symbols=5,
