@@ -12,8 +12,9 @@ PTX for the newest is embedded too. cudart is linked statically (it then loads u
 `tensorflow` and `tensorflow-cpu`); cuBLAS is not linked: the op uses the one TensorFlow loaded.
 Only the glue files (custom_ops/tf) see TensorFlow headers, to keep the build short.
 
-Host code targets a portable CPU baseline (x86-64-v2 on x86_64); TF_RNNT_CPU_FLAGS replaces it,
-e.g. TF_RNNT_CPU_FLAGS="-march=native" for a build that only runs on this machine's CPU type.
+Host code targets a portable CPU baseline (x86-64-v2 with AVX on x86_64: TensorFlow's own x86
+wheels need AVX); TF_RNNT_CPU_FLAGS replaces it, e.g. TF_RNNT_CPU_FLAGS="-march=native" for a
+build that only runs on this machine's CPU type.
 Writes _build_info.json next to the library: what tf_rnnt.build_info() reports.
 """
 
@@ -57,7 +58,7 @@ def cpu_flags():
     """Instruction-set flags for host code: TF_RNNT_CPU_FLAGS, else a portable baseline."""
     if "TF_RNNT_CPU_FLAGS" in os.environ:
         return os.environ["TF_RNNT_CPU_FLAGS"].split()
-    return ["-march=x86-64-v2", "-mtune=generic"] if platform.machine() == "x86_64" else []
+    return ["-march=x86-64-v2", "-mavx", "-mtune=generic"] if platform.machine() == "x86_64" else []
 
 
 def cuda_archs():
