@@ -2,6 +2,7 @@
 are the exponential moving average of the weights after each step, computed here in float64,
 also when training stops before its last epoch."""
 
+import csv
 import importlib.util
 import os
 import sys
@@ -118,3 +119,26 @@ def test_train_scores_the_final_averaged_weights(tmp_path, monkeypatch):
             np.testing.assert_array_equal(got, want)
     # The first epoch's weights differ from the final ones.
     assert any(not np.array_equal(a, b) for a, b in zip(seen[0], final))
+    # hypotheses.tsv holds every held-out reference once, and its words give the reported WERs.
+    with open(out / "hypotheses.tsv", newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    for name, manifest in (("synthetic", tmp_path / "data" / "test.tsv"),
+                           ("human", out / "fsdd_strings" / "test.tsv")):
+        pairs = [(r["reference"], r["hypothesis"]) for r in rows if r["set"] == name]
+        with open(manifest, newline="") as f:
+            transcripts = [train.pipeline.normalize_transcript(r["transcript"])
+                           for r in csv.DictReader(f, delimiter="\t")]
+        assert sorted(ref for ref, _ in pairs) == sorted(transcripts)
+        edits = sum(_word_edits(ref.split(), hyp.split()) for ref, hyp in pairs)
+        words = sum(len(ref.split()) for ref, _ in pairs)
+        assert results["wer"][name] == pytest.approx(edits / words, abs=1e-12)
+
+
+def _word_edits(ref, hyp):
+    """Levenshtein distance between two word lists."""
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, row[0] = row[:], i
+        for j, h in enumerate(hyp, 1):
+            row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (r != h))
+    return row[-1]

@@ -10,13 +10,15 @@ OUT/fsdd_strings on first use). Held out, scored separately: the synthesized tes
 digit strings spoken by a sixth speaker, who is in no training utterance.
 
 Writes into --out: TensorBoard logs (tensorboard/), the per-epoch CSV log (history.csv), weight
-checkpoints (checkpoints/, final.weights.h5), the metrics (results.json) and the streaming
+checkpoints (checkpoints/, final.weights.h5), the metrics (results.json), the held-out
+references with their greedy hypotheses (hypotheses.tsv) and the streaming
 SavedModel (saved_model/, see export.py; with --tflite also streaming_step.tflite). With
 --conformer the encoder attends to whole utterances: the SavedModel has the whole-utterance
 signatures only (features, transcribe) and --tflite is refused.
 """
 
 import argparse
+import csv
 import dataclasses
 import json
 import os
@@ -308,13 +310,17 @@ def main(argv=None):
     # The last epoch's scores are the final weights' (averaged ones too: SwapEMAWeights put
     # them in before the callback ran).
     scored = wer_callback.scored if wer_callback.scored_epoch == results["epochs"] else {}
-    for name, dataset in test_ds.items():
-        wer, refs, hyps = scored[name] if name in scored else evaluate(dataset)
-        results["wer"][name] = wer
-        results["test_utterances"][name] = len(refs)
-        print(f"held-out WER ({name}): {wer:.2%} on {len(refs)} utterances")
-        for r, h in list(zip(refs, hyps))[:3]:
-            print(f"  ref: {r}\n  hyp: {h}")
+    with open(os.path.join(args.out, "hypotheses.tsv"), "w", newline="") as f:
+        rows = csv.writer(f, delimiter="\t", lineterminator="\n")
+        rows.writerow(("set", "reference", "hypothesis"))
+        for name, dataset in test_ds.items():
+            wer, refs, hyps = scored[name] if name in scored else evaluate(dataset)
+            results["wer"][name] = wer
+            results["test_utterances"][name] = len(refs)
+            rows.writerows((name, r, h) for r, h in zip(refs, hyps))
+            print(f"held-out WER ({name}): {wer:.2%} on {len(refs)} utterances")
+            for r, h in list(zip(refs, hyps))[:3]:
+                print(f"  ref: {r}\n  hyp: {h}")
     if args.beam_size:
         results["wer_beam"] = {}
         evaluate_beam = make_evaluator(model, beam_size=args.beam_size, tokenizer=tokenizer)
