@@ -101,6 +101,39 @@ def test_resample_inside_tf_function_with_tensor_rates(core_backend):
         np.testing.assert_allclose(out[320:-320], expected[320:-320], atol=2e-3)
 
 
+@pytest.mark.parametrize("cutoff", [1000.0, 2500.0])
+def test_lowpass_passes_low_tones_in_phase_and_removes_high_ones(cutoff):
+    t = np.arange(pipeline.SAMPLE_RATE, dtype=np.float64) / pipeline.SAMPLE_RATE
+    inner = slice(100, -100)  # away from the zero-padded ends
+
+    def through(freq):
+        x = np.sin(2 * np.pi * freq * t)
+        y = pipeline.lowpass(tf.constant(x, tf.float32), tf.constant(cutoff)).numpy()
+        assert y.shape == x.shape
+        return x[inner], y[inner].astype(np.float64)
+
+    for freq in (0.25 * cutoff, 0.5 * cutoff):  # pass band: unchanged, no delay
+        x, y = through(freq)
+        np.testing.assert_allclose(y, x, atol=0.02)
+    x, y = through(cutoff)  # -6 dB at the cutoff (half the amplitude of a windowed sinc)
+    assert 10 * np.log10(np.mean(y ** 2) / np.mean(x ** 2)) == pytest.approx(-6.0, abs=0.5)
+    for freq in (1.5 * cutoff, 3.0 * cutoff):  # stop band
+        x, y = through(freq)
+        assert 10 * np.log10(np.mean(y ** 2) / np.mean(x ** 2)) < -40
+
+
+def test_augment_audio_lowpass_probability():
+    t = np.arange(pipeline.SAMPLE_RATE, dtype=np.float32) / pipeline.SAMPLE_RATE
+    low, high = np.sin(2 * np.pi * 500 * t), np.sin(2 * np.pi * 6000 * t)
+    plain = pipeline.AugmentConfig(speed_factors=(1.0,), gain_db=(0.0, 0.0), noise_probability=0.0,
+                                   lowpass_hz=(2000.0, 3000.0))
+    for probability, expected in ((0.0, low + high), (1.0, low)):
+        config = pipeline.dataclasses.replace(plain, lowpass_probability=probability)
+        for seed in range(3):
+            out = pipeline.augment_audio(tf.constant(low + high), tf.constant([seed, 1]), config)
+            np.testing.assert_allclose(out.numpy()[100:-100], expected[100:-100], atol=0.02)
+
+
 def test_decode_wav_matches_python_wave(backend, tmp_path):
     rng = np.random.RandomState(1)
     samples = rng.randint(-32768, 32767, size=(1234, 2)).astype(np.int16)

@@ -185,6 +185,12 @@ def parse_args(argv):
                    "frames (0: only the global statistics)")
     p.add_argument("--augment", choices=("full", "spec", "audio", "none"), default="full",
                    help="training augmentation: audio (speed, gain, noise), SpecAugment, both")
+    p.add_argument("--vtlp", type=float, default=0.0, metavar="ALPHA",
+                   help="vocal tract length perturbation: warp the mel filter bank by a random "
+                   "factor in [1 - ALPHA, 1 + ALPHA] per training utterance (0: off)")
+    p.add_argument("--lowpass", type=float, default=0.0, metavar="P",
+                   help="low-pass filter this share of the training utterances at a random "
+                   "cutoff in 1-4 kHz (a muffled microphone)")
     p.add_argument("--dropout", type=float, default=None,
                    help=f"dropout rate (default {ModelConfig.dropout})")
     p.add_argument("--ema", type=float, default=0.99, metavar="MOMENTUM",
@@ -250,6 +256,10 @@ def main(argv=None):
                                       noise_probability=0.0)
     if args.augment in ("audio", "none"):
         augment = dataclasses.replace(augment, num_freq_masks=0, num_time_masks=0)
+    if args.lowpass:
+        augment = dataclasses.replace(augment, lowpass_probability=args.lowpass)
+    if args.vtlp:
+        augment = dataclasses.replace(augment, warp=(1.0 - args.vtlp, 1.0 + args.vtlp))
     # Decoded once: counting the batches (the first full pass, which caches the audio), the
     # feature statistics and the training epochs all read the cached audio.
     train_audio = pipeline.decoded_dataset(train_manifest, tokenizer)
