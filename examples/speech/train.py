@@ -193,7 +193,7 @@ def parse_args(argv):
                    "cutoff in 1-4 kHz (a muffled microphone)")
     p.add_argument("--dropout", type=float, default=None,
                    help=f"dropout rate (default {ModelConfig.dropout})")
-    p.add_argument("--ema", type=float, default=0.99, metavar="MOMENTUM",
+    p.add_argument("--ema", type=float, default=0.995, metavar="MOMENTUM",
                    help="evaluate and export an exponential moving average of the weights "
                    "with this momentum per step (0: off)")
     p.add_argument("--seed", type=int, default=0)
@@ -212,7 +212,7 @@ def parse_args(argv):
         p.error("--tflite needs a streaming encoder: the Conformer encoder attends to the whole "
                 "utterance, so it has no chunk-wise TFLite step (its SavedModel has the "
                 "whole-utterance transcribe signature); drop --tflite or --conformer")
-    defaults = dict(epochs=14, batch_size=32, learning_rate=1e-3, eval_every=7, human_train=1600)
+    defaults = dict(epochs=20, batch_size=32, learning_rate=1e-3, eval_every=10, human_train=1600)
     if args.large:
         defaults = dict(epochs=60, batch_size=64, learning_rate=5e-4, eval_every=10,
                         human_train=8000)
