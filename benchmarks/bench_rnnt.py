@@ -144,7 +144,15 @@ def matmul_rate(dtype, n=8192, repeats=10):
 
 
 def fmt_bytes(b):
+    if b <= 0:  # on the CPU: the process's high-water mark did not grow
+        return "-"
     return f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
+
+
+def fmt_rate(flops_per_second):
+    if flops_per_second >= 1e12:
+        return f"{flops_per_second / 1e12:.1f} TFLOP/s"
+    return f"{flops_per_second / 1e9:.1f} GFLOP/s"
 
 
 def suite_loss(args, lines, results):
@@ -227,7 +235,7 @@ def suite_flash(args, lines, results):
             lines.append(
                 f"| {prof} | {lengths} | {dt.name} | {method} | {seconds * 1e3:.1f} ms "
                 f"| {fmt_bytes(used)} "
-                f"| {rate / 1e12:.1f} TFLOP/s{frac} | |"
+                f"| {fmt_rate(rate)}{frac} | |"
             )
             print(lines[-1], flush=True)
         if ref:
