@@ -98,6 +98,17 @@ def _gcd(a, b):
     return tf.while_loop(lambda a, b: b > 0, lambda a, b: (b, a % b), (a, b))[0]
 
 
+def _windowed_sinc(distance, cutoff, half_width):
+    """Low-pass filter taps (float64) at `distance` samples from the centre: an ideal low-pass
+    at `cutoff` (a fraction of the Nyquist rate) under a Hann window that is zero from
+    `half_width` samples on."""
+    window = tf.where(tf.abs(distance) < half_width,
+                      0.5 + 0.5 * tf.cos(np.pi * distance / half_width), tf.zeros_like(distance))
+    x = cutoff * distance
+    sinc = tf.where(tf.abs(x) < 1e-9, tf.ones_like(x), tf.sin(np.pi * x) / (np.pi * x + 1e-300))
+    return cutoff * sinc * window
+
+
 def _sinc_resample(audio, rate_in, rate_out, zero_crossings):
     rate_in = tf.cast(rate_in, tf.int64)
     rate_out = tf.cast(rate_out, tf.int64)
@@ -117,11 +128,7 @@ def _sinc_resample(audio, rate_in, rate_out, zero_crossings):
     offsets = tf.range(num_taps, dtype=tf.int64) - num_taps // 2
     phase_frac = tf.cast(tf.range(up, dtype=tf.int64), tf.float64) / tf.cast(up, tf.float64)
     distance = phase_frac[:, None] - tf.cast(offsets, tf.float64)[None, :]  # position - tap
-    window = tf.where(tf.abs(distance) < half_width,
-                      0.5 + 0.5 * tf.cos(np.pi * distance / half_width), tf.zeros_like(distance))
-    x = cutoff * distance
-    sinc = tf.where(tf.abs(x) < 1e-9, tf.ones_like(x), tf.sin(np.pi * x) / (np.pi * x + 1e-300))
-    table = tf.cast(cutoff * sinc * window, tf.float32)  # [up, taps]
+    table = tf.cast(_windowed_sinc(distance, cutoff, half_width), tf.float32)  # [up, taps]
     half = num_taps // 2
     width = ((down + 2 * half) + down - 1) // down * down
     return tf.cond(up * width <= _MAX_FILTER_BANK,
@@ -408,15 +415,10 @@ class AugmentConfig:
 def lowpass(audio, cutoff_hz, taps=63):
     """`[N]` audio through a linear-phase low-pass FIR filter (Hann-windowed sinc, `taps` long,
     -6 dB at `cutoff_hz`, may be a tensor); the output is aligned with the input."""
-    fc = tf.cast(cutoff_hz, tf.float32) / SAMPLE_RATE
-    n = tf.range(taps, dtype=tf.float32) - (taps - 1) / 2
-    x = 2.0 * np.pi * fc * n
-    centre = tf.equal(n, 0.0)
-    safe_x = tf.where(centre, 1.0, x)
-    sinc = tf.where(centre, 1.0, tf.sin(safe_x) / safe_x)
-    window = 0.5 - 0.5 * tf.cos(2.0 * np.pi * tf.range(taps, dtype=tf.float32) / (taps - 1))
-    kernel = 2.0 * fc * sinc * window
-    kernel /= tf.reduce_sum(kernel)  # unit gain at 0 Hz
+    half = (taps - 1) // 2
+    distance = tf.range(-half, half + 1, dtype=tf.float64)
+    kernel = _windowed_sinc(distance, 2.0 * tf.cast(cutoff_hz, tf.float64) / SAMPLE_RATE, half)
+    kernel = tf.cast(kernel / tf.reduce_sum(kernel), tf.float32)  # unit gain at 0 Hz
     return tf.nn.conv1d(audio[None, :, None], kernel[:, None, None], 1, "SAME")[0, :, 0]
 
 
