@@ -358,6 +358,10 @@ def test_fsdd_digit_strings(tmp_path):
     expected = {f"{d}_{s}_{take}.wav" for s, takes in fsdd.TAKES.items() for d in range(10)
                 for take in takes}
     assert set(recordings) == expected
+    folder = os.path.dirname(fsdd.RECORDINGS)
+    committed = sum(os.path.getsize(os.path.join(root, name))
+                    for root, _, names in os.walk(folder) for name in names)
+    assert committed <= 12_000_000  # the repository's budget for FSDD data
     first = fsdd.make_digit_strings(str(tmp_path / "a"), num_train=6, num_test=3, seed=1)
     second = fsdd.make_digit_strings(str(tmp_path / "b"), num_train=6, num_test=3, seed=1)
     for manifest_a, manifest_b, split in zip(first, second, ("train", "test")):
@@ -375,6 +379,21 @@ def test_fsdd_digit_strings(tmp_path):
             assert (3 if split == "test" else 1) <= len(words) <= 6
             samples, rate = _wav_num_samples(path)
             assert rate == fsdd.SAMPLE_RATE and samples > 0.2 * rate * len(words)
+
+
+def test_fsdd_strings_are_remade_when_the_subset_changes(tmp_path, monkeypatch):
+    import fsdd
+
+    out = str(tmp_path / "strings")
+    marker = os.path.join(out, "marker")
+    fsdd.prepare(out, num_train=2, num_test=1, seed=0)
+    open(marker, "w").close()
+    fsdd.prepare(out, num_train=2, num_test=1, seed=0)
+    assert os.path.exists(marker)  # the same subset: the strings are kept
+    monkeypatch.setattr(fsdd, "recordings_id", lambda recordings=fsdd.RECORDINGS: "another")
+    fsdd.prepare(out, num_train=2, num_test=1, seed=0)
+    assert not os.path.exists(marker)  # another subset: they are made again
+    assert os.path.isfile(os.path.join(out, "train.tsv"))
 
 
 def test_eval_dataset_batches(backend):
