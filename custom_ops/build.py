@@ -3,6 +3,7 @@
 
   python custom_ops/build.py [--out tf_rnnt/_tf_rnnt_ops.so]
   python custom_ops/build.py --tests   # build/tests/core_test: the core's tests, no TensorFlow
+                                       # (and, with CUDA, build/tests/joint_timing)
 
 CPU kernels always; CUDA kernels too when nvcc is found (CUDA_HOME/bin or PATH), unless
 TF_RNNT_WITH_CUDA=0. XLA kernels (custom_ops/tf/xla_ops.cc) when this TensorFlow ships the XLA
@@ -196,6 +197,15 @@ def build(out, jobs, tests=False):
             add(os.path.join(SRC, "core", f), lambda s, o: [
                 nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
                 *include, *gencode, "-c", s, "-o", o])
+        # The fused tile kernels use wgmma, which only sm_90a (Hopper) machine code has; without
+        # 90 in the list they compile empty and report themselves unavailable.
+        if "90" in archs:
+            fused_code = ["-gencode", "arch=compute_90a,code=sm_90a", "-DTF_RNNT_FUSED_SM90A=1"]
+        else:
+            fused_code = ["-gencode", f"arch=compute_{archs[0]},code=sm_{archs[0]}"]
+        add(os.path.join(SRC, "core", "joint_fused_sm90.cu"), lambda s, o: [
+            nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
+            *include, *fused_code, "-c", s, "-o", o])
         add(os.path.join(SRC, "core", "cublas_loader.cc"),
             lambda s, o: [cxx, *base, cuda_include, "-c", s, "-o", o])
     core_files = ["lattice_cpu.cc", "joint_cpu.cc"] + ([] if nvcc else ["cuda_unavailable.cc"])
@@ -244,6 +254,7 @@ def build_core_test(add, objects, jobs_list, jobs, cxx, core_flags, cuda_defs, c
     (the GPU half when CUDA is built)."""
     tests_dir = os.path.join(SRC, "tests")
     test_include = "-I" + tests_dir
+    core_objects = list(objects)
     add(os.path.join(tests_dir, "core_test.cc"),
         lambda s, o: [cxx, *core_flags, *cuda_defs, test_include, "-c", s, "-o", o])
     if cuda_home:
@@ -251,6 +262,8 @@ def build_core_test(add, objects, jobs_list, jobs, cxx, core_flags, cuda_defs, c
         add(os.path.join(tests_dir, "core_test_gpu.cu"), lambda s, o: [
             nvcc, "-O2", "-std=c++17", "-Xcompiler", "-fPIC", *include, test_include,
             "-c", s, "-o", o])  # host code only: no architecture to choose
+        add(os.path.join(tests_dir, "joint_timing.cc"),
+            lambda s, o: [cxx, *core_flags, *cuda_defs, "-c", s, "-o", o])
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         for future in [pool.submit(run, cmd) for cmd in jobs_list]:
             future.result()
@@ -259,8 +272,13 @@ def build_core_test(add, objects, jobs_list, jobs, cxx, core_flags, cuda_defs, c
     libs = ["-ldl", "-lpthread"]
     if cuda_home:
         libs += ["-L" + os.path.join(cuda_home, "lib64"), "-l:libcudart_static.a", "-lrt"]
-    run([cxx, "-o", out, *objects, *libs])
+    timing = os.path.join(os.path.dirname(out), "joint_timing")
+    timing_obj = [o for o in objects if o.endswith("joint_timing.cc.o")]
+    run([cxx, "-o", out, *[o for o in objects if o not in timing_obj], *libs])
     print(f"built {out}")
+    if timing_obj:  # the CUDA launchers timed without TensorFlow
+        run([cxx, "-o", timing, *core_objects, *timing_obj, *libs])
+        print(f"built {timing}")
     return out
 
 

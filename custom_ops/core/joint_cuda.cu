@@ -11,12 +11,16 @@
 // only the d kernel GEMM an extra row.
 // Tiled mode keeps the logits tile in the input dtype (float32 accumulation, then rounded, as a
 // Keras mixed-precision Dense layer does); the log-sum-exp and the lattice stay float32.
+// With JointKernel::kFused (joint_fused.h), tiled mode runs the fused tile kernels instead: the
+// forward pass in one launch over all nodes, and per backward tile the recompute with d logits,
+// which replaces the first three steps above.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <type_traits>
 
 #include "cublas_loader.h"
+#include "joint_fused.h"
 #include "joint_grads.h"
 #include "tf_rnnt/dtype_cuda.cuh"
 #include "tf_rnnt/node_math.h"
@@ -102,18 +106,6 @@ __global__ void unpad_grad_kernel(const float* __restrict__ padded, int H, int V
     else
       d_bias[v] = g;
   }
-}
-
-// act(x) for a tile of type T. bfloat16 tiles take the hardware tanh (tanh.approx.f32, relative
-// error under 2^-10.9), which their rounding to 8 significant bits hides; the others keep tanhf.
-template <typename T>
-__device__ __forceinline__ float tile_activate(float x, Activation activation) {
-  if (std::is_same<T, __nv_bfloat16>::value && activation == Activation::kTanh) {
-    float y;
-    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-  }
-  return activate(x, activation);
 }
 
 // z[n - n0] = (act(encoder[b, t] + predictor[b, u]), 1, 0...): a warp per node, 16-byte loads
@@ -468,16 +460,18 @@ int grid_warps(int64_t rows) {
 // inputs) d logits in T for all nodes.
 template <typename T>
 struct JointBuffers {
-  T* kernel = nullptr;         // [Hk, Vp]
-  float* bias = nullptr;       // [Vp], -inf padding
-  T* tile_z = nullptr;         // tiled: [tile, Hz]
-  T* tile_logits = nullptr;    // tiled: [tile, Vp]
-  float* d_kernel = nullptr;   // backward: [Hz, Vp] accumulator, d bias in row H
-  float* partials = nullptr;   // backward: a tile's d predictor partial sums
-  T* d_hidden = nullptr;       // untiled backward: [N, Hz]
-  T* d_logits = nullptr;       // untiled backward, half inputs: [N, Vp]
-  int64_t* offsets = nullptr;  // [B + 1] packed node offsets
-  GradAccumulators acc;        // backward, 16-bit T (float32 T accumulates in the outputs)
+  T* kernel = nullptr;          // [Hk, Vp]
+  float* bias = nullptr;        // [Vp], -inf padding
+  T* tile_z = nullptr;          // tiled: [tile, Hz]
+  T* tile_logits = nullptr;     // tiled: [tile, Vp]
+  float* d_kernel = nullptr;    // backward: [Hz, Vp] accumulator, d bias in row H
+  float* partials = nullptr;    // backward: a tile's d predictor partial sums
+  T* d_hidden = nullptr;        // untiled backward: [N, Hz]
+  T* d_logits = nullptr;        // untiled backward, half inputs: [N, Vp]
+  T* fused_kernel = nullptr;    // 16-bit T: the fused kernels' output layer
+  float* fused_bias = nullptr;  // 16-bit T: and bias
+  int64_t* offsets = nullptr;   // [B + 1] packed node offsets
+  GradAccumulators acc;         // backward, 16-bit T (float32 T accumulates in the outputs)
   size_t bytes = 0;
 
   JointBuffers(void* base, const JointShape& s, size_t tile, bool backward, bool untiled) {
@@ -503,6 +497,10 @@ struct JointBuffers {
         if (sizeof(T) != sizeof(float)) take(d_logits, tile * Vp);
       }
     }
+    if (sizeof(T) != sizeof(float)) {
+      take(fused_kernel, fused::prepared_kernel_elements(s));
+      take(fused_bias, fused::prepared_bias_elements(s));
+    }
     take(offsets, s.B + 1);
     if (backward && sizeof(T) != sizeof(float)) {
       const GradSizes g(s);
@@ -513,6 +511,38 @@ struct JointBuffers {
     }
   }
 };
+
+// Whether a tiled pass runs the fused kernels (options.kernel, joint_fused.h).
+Status use_fused(const JointShape& s, const JointOptions& o, bool untiled, bool* on_chip) {
+  *on_chip = false;
+  // kAuto takes the cuBLAS path: on an H200 the fused kernels' backward tile is still slower.
+  if (untiled || o.kernel != JointKernel::kFused) return Status();
+  const char* why = fused::unsupported_reason(s, o);
+  if (why && o.kernel == JointKernel::kFused) {
+    Status st;
+    st.code = StatusCode::kInvalidArgument;
+    st.message = why;
+    return st;
+  }
+  *on_chip = why == nullptr;
+  return Status();
+}
+
+template <typename T>
+fused::Tile fused_tile(const JointInputs& in, const JointBuffers<T>& buf, int64_t n0,
+                       int64_t rows) {
+  fused::Tile t;
+  t.encoder = in.encoder;
+  t.predictor = in.predictor;
+  t.prepared_kernel = buf.fused_kernel;
+  t.prepared_bias = buf.fused_bias;
+  t.labels = in.labels;
+  t.offsets = buf.offsets;
+  t.label_lengths = in.label_lengths;
+  t.n0 = n0;
+  t.rows = rows;
+  return t;
+}
 
 // L: the logits' dtype (T in tiled mode, float32 when untiled mode keeps them).
 template <typename T, typename L>
@@ -530,6 +560,14 @@ Status forward(const JointShape& s, const JointOptions& o, const JointForwardArg
   const bool untiled = a.saved_logits != nullptr;
   const int64_t tile = untiled ? host.num_nodes : host.tile_nodes;
   const JointBuffers<T> buf(a.workspace, s, tile, false, untiled);
+  bool on_chip = false;
+  RETURN_IF_ERROR(use_fused(s, o, untiled, &on_chip));
+  if (on_chip) {  // every node in one launch: the kernels keep no tile buffer
+    node_offsets_kernel<<<1, 1, 0, stream>>>(in.logit_lengths, in.label_lengths, s.B, buf.offsets);
+    RETURN_IF_ERROR(
+        fused::prepare(s, o, in.kernel, in.bias, buf.fused_kernel, buf.fused_bias, stream));
+    return fused::forward(s, o, fused_tile(in, buf, 0, host.num_nodes), a.lattice, a.lse, stream);
+  }
   padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
       static_cast<const T*>(in.kernel), H, V, Hk, Vp, buf.kernel);
   padded_bias_kernel<T>
@@ -578,6 +616,12 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
   const int64_t tile = untiled ? host.num_nodes : host.tile_nodes;
   const T* encoder = static_cast<const T*>(in.encoder);
   const T* predictor = static_cast<const T*>(in.predictor);
+  bool on_chip = false;
+  RETURN_IF_ERROR(use_fused(s, o, untiled, &on_chip));
+  if (on_chip) {
+    RETURN_IF_ERROR(
+        fused::prepare(s, o, in.kernel, in.bias, buf.fused_kernel, buf.fused_bias, stream));
+  }
   padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
       static_cast<const T*>(in.kernel), H, V, Hk, Vp, buf.kernel);
   padded_bias_kernel<T>
@@ -594,6 +638,11 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
     if (untiled) {
       z = static_cast<const T*>(a.saved_hidden);
       logits = reinterpret_cast<L*>(a.saved_logits);
+    } else if (on_chip) {  // z and d logits of the tile, the logits kept on chip
+      RETURN_IF_ERROR(fused::recompute(s, o, fused_tile(in, buf, n0, rows), a.lse, a.d_lattice,
+                                       buf.tile_z, Hz, buf.tile_logits, Vp, stream));
+      logits = reinterpret_cast<L*>(buf.tile_logits);
+      z = buf.tile_z;
     } else {  // recompute the tile (activation checkpointing)
       hidden_kernel<T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
           n0, rows, encoder, predictor, buf.offsets, in.label_lengths, s.B, s.T, s.U1, H, Hz,
@@ -606,9 +655,11 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
     }
     // d logits over the logits when they share a dtype.
     T* d_logits = sizeof(L) == sizeof(T) ? reinterpret_cast<T*>(logits) : buf.d_logits;
-    logit_grads_kernel<L, T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
-        n0, rows, logits, buf.bias, in.labels, buf.offsets, in.label_lengths, s.B, s.T, s.U1, V, Vp,
-        o.blank, a.lse, a.d_lattice, d_logits);
+    if (!on_chip) {
+      logit_grads_kernel<L, T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
+          n0, rows, logits, buf.bias, in.labels, buf.offsets, in.label_lengths, s.B, s.T, s.U1, V,
+          Vp, o.blank, a.lse, a.d_lattice, d_logits);
+    }
     // [d kernel; d bias] += [z, 1]^T @ d logits (ordered over tiles).
     RETURN_IF_ERROR(gemm_row_major(handle, true, false, Hz, Vp, static_cast<int>(rows), z,
                                    cuda_type<T>(), Hz, d_logits, cuda_type<T>(), Vp, 1.f,

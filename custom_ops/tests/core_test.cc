@@ -5,8 +5,11 @@
 //   build/tests/core_test          CPU launchers, then the GPU launchers when a GPU is present
 //
 // Exit status 0 when every case that ran passed (a missing GPU is reported as skipped, not as
-// passed); 1 otherwise. TF_RNNT_CORE_TEST_REQUIRE_GPU=1 makes a skipped GPU half a failure.
+// passed); 1 otherwise. TF_RNNT_CORE_TEST_REQUIRE_GPU=1 makes a skipped GPU half a failure, and
+// TF_RNNT_CORE_TEST_REQUIRE_FUSED=1 (for a Hopper GPU) a skipped fused-kernel case.
 #include "core_test.h"
+
+#include "tf_rnnt/dtype_cpu.h"
 
 #include <algorithm>
 #include <cmath>
@@ -313,7 +316,7 @@ class CpuBackend : public Backend {
 
 // ------------------------------------------------------------------ checks
 struct Report {
-  int passed = 0, failed = 0;
+  int passed = 0, failed = 0, fused_skipped = 0;
 };
 
 bool close(const char* what, const std::string& where, const std::vector<float>& got,
@@ -456,9 +459,150 @@ void test_joint(Backend* be, Report* report) {
   }
 }
 
+// ||got - want|| / ||want|| (infinite when got holds a NaN or an infinity).
+double relative_error(const std::vector<float>& got, const std::vector<double>& want) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    diff += (got[i] - want[i]) * (got[i] - want[i]);
+    norm += want[i] * want[i];
+  }
+  return got.size() == want.size() ? std::sqrt(diff / std::max(norm, 1e-30)) : INFINITY;
+}
+
+bool close_norm(const char* what, const std::string& where, const std::vector<float>& got,
+                const std::vector<double>& want, double tol) {
+  const double e = relative_error(got, want);
+  if (e <= tol) return true;
+  std::printf("    FAIL %s %s: relative error %.3g > %.3g\n", where.c_str(), what, e, tol);
+  return false;
+}
+
+std::vector<double> joint_values(const JointResult& r) {
+  std::vector<double> all;
+  for (const std::vector<float>* v :
+       {&r.lattice, &r.lse, &r.d_encoder, &r.d_predictor, &r.d_kernel, &r.d_bias}) {
+    all.insert(all.end(), v->begin(), v->end());
+  }
+  return all;
+}
+
+float round_to(float x, DType dtype) {
+  if (dtype == DType::kBFloat16) return bf16_bits_to_float(float_to_bf16_bits(x));
+  if (dtype == DType::kFloat16) return half_bits_to_float(float_to_half_bits(x));
+  return x;
+}
+
+// The joint in 16-bit dtypes on the GPU: the fused tile kernels and the cuBLAS path, each against
+// the float64 reference (on the rounded inputs), against each other, and run to run bitwise.
+// Shapes: several blocks of 128 nodes (the last one partial), a sample with no labels and one of
+// one frame; H below, at and above one K block of 64; V with vocabulary chunks of 128 and tails of
+// 1, 44 and 0 columns.
+void test_joint_half(Backend* be, Report* report) {
+  std::mt19937 rng(3);
+  struct HV {
+    int H, V;
+    Activation act;
+    bool blank_last;
+  };
+  const HV shapes[] = {{16, 24, Activation::kTanh, false},
+                       {40, 300, Activation::kRelu, true},
+                       {64, 129, Activation::kIdentity, true},
+                       {136, 256, Activation::kTanh, true},
+                       {640, 1025, Activation::kTanh, true}};
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    const char* dtype_name = dtype == DType::kBFloat16 ? "bfloat16" : "float16";
+    const double tol = dtype == DType::kBFloat16 ? 1e-2 : 2e-3;
+    for (const HV& hv : shapes) {
+      JointCase c;
+      c.shape = JointShape{4, 20, 9, hv.H, hv.V};
+      c.options.blank = hv.blank_last ? hv.V - 1 : 0;
+      c.options.activation = hv.act;
+      c.options.dtype = dtype;
+      const size_t B = 4, T = 20, U1 = 9;
+      const float scale = 4.f / std::sqrt(static_cast<float>(hv.H));
+      c.encoder = uniform(&rng, B * T * hv.H, -1, 1);
+      c.predictor = uniform(&rng, B * U1 * hv.H, -1, 1);
+      c.kernel = uniform(&rng, static_cast<size_t>(hv.H) * hv.V, -scale, scale);
+      c.bias = uniform(&rng, hv.V, -0.5f, 0.5f);
+      for (std::vector<float>* v : {&c.encoder, &c.predictor, &c.kernel, &c.bias}) {
+        for (float& x : *v) x = round_to(x, dtype);
+      }
+      c.labels = random_labels(&rng, 4, 8, hv.V, c.options.blank);
+      c.logit_lengths = {20, 13, 1, 17};  // 386 nodes: 4 blocks of 128, the last with 2
+      c.label_lengths = {8, 3, 0, 8};
+      const std::vector<float> d_lattice = uniform(&rng, B * T * U1 * 2, -1, 1);
+      std::vector<double> lattice64, d_enc, d_pred, d_kernel, d_bias;
+      joint_reference(c, d_lattice, &lattice64, &d_enc, &d_pred, &d_kernel, &d_bias);
+      char tag[160];
+      std::snprintf(tag, sizeof(tag), "joint %s %s H=%d V=%d blank=%d", be->name(), dtype_name,
+                    hv.H, hv.V, c.options.blank);
+      const char* why = be->fused_unavailable(c);
+      if (why) {
+        std::printf("  SKIPPED fused %s: %s\n", tag, why);
+        report->fused_skipped += 1;
+      }
+      JointResult results[2];
+      bool ran[2] = {false, false};
+      for (int k = 0; k < 2; ++k) {
+        const JointKernel kernel = k == 0 ? JointKernel::kCublas : JointKernel::kFused;
+        if (kernel == JointKernel::kFused && why) continue;
+        c.options.kernel = kernel;
+        // Tiles of 100 nodes (a tile ends inside a block of 128 and inside a sample) and of all.
+        for (int64_t tile : {100, 1000}) {
+          const std::string name =
+              std::string(tag) + (k == 0 ? " cublas" : " fused") + " tile=" + std::to_string(tile);
+          JointResult r;
+          const Status st = be->joint(c, tile, d_lattice, &r);
+          if (!st.ok()) std::printf("    status %d: %s\n", static_cast<int>(st.code), st.message);
+          bool ok = st.ok() && close_norm("lattice", name, r.lattice, lattice64, tol) &&
+                    close_norm("d_encoder", name, r.d_encoder, d_enc, tol) &&
+                    close_norm("d_predictor", name, r.d_predictor, d_pred, tol) &&
+                    close_norm("d_kernel", name, r.d_kernel, d_kernel, tol) &&
+                    close_norm("d_bias", name, r.d_bias, d_bias, tol);
+          if (ok && tile == 1000) {
+            JointResult again;
+            const Status st2 = be->joint(c, tile, d_lattice, &again);
+            ok = st2.ok() && joint_values(again) == joint_values(r);
+            if (!ok) std::printf("    FAIL %s: a second run differs\n", name.c_str());
+            results[k] = r;
+            ran[k] = true;
+          }
+          record(report, name, ok);
+        }
+      }
+      if (ran[0] && ran[1]) {  // the same rounding points: closer to each other than to float64
+        const std::string name = std::string(tag) + " fused vs cublas";
+        const char* names[] = {"lattice", "lse", "d_encoder", "d_predictor", "d_kernel", "d_bias"};
+        const std::vector<float>* fused_out[] = {&results[1].lattice,   &results[1].lse,
+                                                 &results[1].d_encoder, &results[1].d_predictor,
+                                                 &results[1].d_kernel,  &results[1].d_bias};
+        const std::vector<float>* cublas_out[] = {&results[0].lattice,   &results[0].lse,
+                                                  &results[0].d_encoder, &results[0].d_predictor,
+                                                  &results[0].d_kernel,  &results[0].d_bias};
+        bool ok = true;
+        for (int i = 0; i < 6 && ok; ++i) {
+          ok = close_norm(names[i], name, *fused_out[i], to_double(*cublas_out[i]), tol / 4);
+        }
+        record(report, name, ok);
+      }
+    }
+  }
+  // float32 has no fused kernel: asking for it is an error, not a silent fallback.
+  JointCase c = make_joint_case(&rng, 16, 24, Activation::kTanh, 0);
+  c.options.kernel = JointKernel::kFused;
+  JointResult r;
+  const std::vector<float> d_lattice = uniform(&rng, 3 * 5 * 4 * 2, -1, 1);
+  if (std::string(be->name()) == "gpu") {
+    record(report, "joint gpu float32 kernel=fused is refused",
+           be->joint(c, 1000, d_lattice, &r).code == StatusCode::kInvalidArgument);
+  }
+}
+
 void run_all(Backend* be, Report* report) {
   test_lattice_ops(be, report);
   test_joint(be, report);
+  if (std::string(be->name()) == "gpu") test_joint_half(be, report);
 }
 
 }  // namespace
@@ -492,11 +636,15 @@ int main() {
   } else {
     std::printf("GPU launchers\n");
     run_all(gpu_be, &gpu);
-    std::printf("GPU: %d passed, %d failed\n", gpu.passed, gpu.failed);
+    std::printf("GPU: %d passed, %d failed, %d fused-kernel cases skipped\n", gpu.passed,
+                gpu.failed, gpu.fused_skipped);
   }
   const char* require = std::getenv("TF_RNNT_CORE_TEST_REQUIRE_GPU");
   const bool need_gpu = require && std::string(require) == "1";
-  const bool ok = cpu.failed == 0 && gpu.failed == 0 && !(need_gpu && gpu_skipped);
+  const char* require_fused = std::getenv("TF_RNNT_CORE_TEST_REQUIRE_FUSED");
+  const bool need_fused = require_fused && std::string(require_fused) == "1";
+  const bool ok = cpu.failed == 0 && gpu.failed == 0 && !(need_gpu && gpu_skipped) &&
+                  !(need_fused && (gpu_skipped || gpu.fused_skipped > 0));
   std::printf("%s\n", ok ? "PASSED" : "FAILED");
   return ok ? 0 : 1;
 }

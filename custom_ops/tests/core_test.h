@@ -11,7 +11,7 @@
 namespace tf_rnnt {
 namespace test {
 
-// A fused joint problem in float32, host memory.
+// A fused joint problem in host memory (float values; options.dtype says what the launchers get).
 struct JointCase {
   JointShape shape;
   JointOptions options;
@@ -42,9 +42,12 @@ class Backend {
                                         int V, int blank, const std::vector<float>& lse,
                                         const std::vector<float>& d_lattice,
                                         std::vector<float>* d_logits) = 0;
-  // Forward, then backward with d_lattice; tile_nodes <= 0 runs untiled mode.
+  // Forward, then backward with d_lattice; tile_nodes <= 0 runs untiled mode. The case's values
+  // are rounded to options.dtype on the way in (a backend may take float32 only).
   virtual Status joint(const JointCase& c, int64_t tile_nodes, const std::vector<float>& d_lattice,
                        JointResult* result) = 0;
+  // Why the fused tile kernels cannot run the case here (null: they can).
+  virtual const char* fused_unavailable(const JointCase&) { return "not a CUDA backend"; }
 };
 
 Backend* cpu_backend();

@@ -11,10 +11,13 @@
 #include <dlfcn.h>
 
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core_test.h"
+#include "joint_fused.h"
+#include "tf_rnnt/dtype_cpu.h"
 
 namespace tf_rnnt {
 namespace test {
@@ -36,6 +39,42 @@ struct DeviceBuffer {
     out->resize(n);
     cudaMemcpy(out->data(), ptr, sizeof(T) * n, cudaMemcpyDeviceToHost);
   }
+};
+
+// A device copy of float values in a joint dtype (16-bit formats rounded to nearest even), and
+// back to float.
+class DeviceValues {
+ public:
+  DeviceValues(const std::vector<float>& host, DType dtype) : dtype_(dtype), n_(host.size()) {
+    if (dtype == DType::kFloat32) {
+      f32_.reset(new DeviceBuffer<float>(host));
+      return;
+    }
+    std::vector<uint16_t> bits(n_);
+    for (size_t i = 0; i < n_; ++i) {
+      bits[i] =
+          dtype == DType::kBFloat16 ? float_to_bf16_bits(host[i]) : float_to_half_bits(host[i]);
+    }
+    b16_.reset(new DeviceBuffer<uint16_t>(bits));
+  }
+  DeviceValues(size_t n, DType dtype) : DeviceValues(std::vector<float>(n, -1.f), dtype) {}
+  void* ptr() const { return f32_ ? static_cast<void*>(f32_->ptr) : static_cast<void*>(b16_->ptr); }
+  void to_host(std::vector<float>* out) const {
+    if (f32_) return f32_->to_host(out);
+    std::vector<uint16_t> bits;
+    b16_->to_host(&bits);
+    out->resize(n_);
+    for (size_t i = 0; i < n_; ++i) {
+      (*out)[i] =
+          dtype_ == DType::kBFloat16 ? bf16_bits_to_float(bits[i]) : half_bits_to_float(bits[i]);
+    }
+  }
+
+ private:
+  DType dtype_;
+  size_t n_;
+  std::unique_ptr<DeviceBuffer<float>> f32_;
+  std::unique_ptr<DeviceBuffer<uint16_t>> b16_;
 };
 
 // The launcher's status, else the first CUDA error of the launches (synchronized).
@@ -102,13 +141,15 @@ class GpuBackend : public Backend {
     joint_node_offsets(c.logit_lengths.data(), c.label_lengths.data(), s.B, offsets.data());
     const int64_t N = offsets[s.B];
     const bool untiled = tile_nodes <= 0;
-    DeviceBuffer<float> enc(c.encoder), pred(c.predictor), kernel(c.kernel), bias(c.bias);
+    const DType dtype = c.options.dtype;
+    DeviceValues enc(c.encoder, dtype), pred(c.predictor, dtype), kernel(c.kernel, dtype),
+        bias(c.bias, dtype);
     DeviceBuffer<int32_t> labels(c.labels), t_len(c.logit_lengths), u_len(c.label_lengths);
     JointInputs in;
-    in.encoder = enc.ptr;
-    in.predictor = pred.ptr;
-    in.kernel = kernel.ptr;
-    in.bias = bias.ptr;
+    in.encoder = enc.ptr();
+    in.predictor = pred.ptr();
+    in.kernel = kernel.ptr();
+    in.bias = bias.ptr();
     in.labels = labels.ptr;
     in.logit_lengths = t_len.ptr;
     in.label_lengths = u_len.ptr;
@@ -118,25 +159,29 @@ class GpuBackend : public Backend {
     in.host.num_nodes = N;
     in.host.tile_nodes = untiled ? N : tile_nodes;
     const JointSavedSizes saved = joint_saved_sizes_cuda(s, untiled ? N : 0);
-    DeviceBuffer<float> saved_hidden(saved.hidden), saved_logits(saved.logits);
+    DeviceValues saved_hidden(saved.hidden, dtype);
+    DeviceBuffer<float> saved_logits(saved.logits);
     const size_t bytes =
         std::max(joint_workspace_bytes_cuda(s, c.options, in.host.tile_nodes, false, untiled),
                  joint_workspace_bytes_cuda(s, c.options, in.host.tile_nodes, true, untiled));
     DeviceBuffer<char> workspace(bytes);
     DeviceBuffer<float> lattice(static_cast<size_t>(s.B) * s.T * s.U1 * 2), lse(N);
+    cudaMemset(lattice.ptr, 0xff, sizeof(float) * lattice.n);  // NaN: every value must be written
+    cudaMemset(lse.ptr, 0xff, sizeof(float) * lse.n);
     JointForwardArgs f;
     f.in = in;
     f.workspace = workspace.ptr;
     f.lattice = lattice.ptr;
     f.lse = lse.ptr;
-    f.saved_hidden = untiled ? saved_hidden.ptr : nullptr;
+    f.saved_hidden = untiled ? saved_hidden.ptr() : nullptr;
     f.saved_logits = untiled ? saved_logits.ptr : nullptr;
     Status st = finish(joint_forward_cuda(s, c.options, f, nullptr));
     lattice.to_host(&r->lattice);
     lse.to_host(&r->lse);
     if (!st.ok()) return st;
-    DeviceBuffer<float> d_lat(d_lattice), d_enc(c.encoder.size()), d_pred(c.predictor.size());
-    DeviceBuffer<float> d_kernel(c.kernel.size()), d_bias(c.bias.size());
+    DeviceBuffer<float> d_lat(d_lattice);
+    DeviceValues d_enc(c.encoder.size(), dtype), d_pred(c.predictor.size(), dtype);
+    DeviceValues d_kernel(c.kernel.size(), dtype), d_bias(c.bias.size(), dtype);
     JointBackwardArgs g;
     g.in = in;
     g.workspace = workspace.ptr;
@@ -144,16 +189,20 @@ class GpuBackend : public Backend {
     g.d_lattice = d_lat.ptr;
     g.saved_hidden = f.saved_hidden;
     g.saved_logits = f.saved_logits;
-    g.d_encoder = d_enc.ptr;
-    g.d_predictor = d_pred.ptr;
-    g.d_kernel = d_kernel.ptr;
-    g.d_bias = d_bias.ptr;
+    g.d_encoder = d_enc.ptr();
+    g.d_predictor = d_pred.ptr();
+    g.d_kernel = d_kernel.ptr();
+    g.d_bias = d_bias.ptr();
     st = finish(joint_backward_cuda(s, c.options, g, nullptr));
     d_enc.to_host(&r->d_encoder);
     d_pred.to_host(&r->d_predictor);
     d_kernel.to_host(&r->d_kernel);
     d_bias.to_host(&r->d_bias);
     return st;
+  }
+
+  const char* fused_unavailable(const JointCase& c) override {
+    return fused::unsupported_reason(c.shape, c.options);
   }
 };
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,16 @@ struct JointAttrs {
                                      : Activation::kTanh;
   }
 };
+
+// The GPU joint's kernel path (JointOptions::kernel) from TF_RNNT_JOINT_KERNEL: "cublas",
+// "fused" (an error where the fused kernels do not apply), else automatic. Read at each call, so
+// a process can compare the paths.
+inline JointKernel joint_kernel_from_env() {
+  const char* v = std::getenv("TF_RNNT_JOINT_KERNEL");
+  if (v && std::string(v) == "cublas") return JointKernel::kCublas;
+  if (v && std::string(v) == "fused") return JointKernel::kFused;
+  return JointKernel::kAuto;
+}
 
 // Nodes per tile: tile_attr when set, else as many as fit budget_attr (default_budget when 0).
 // workspace_bytes(nodes): the backward workspace of a tile of that many nodes.

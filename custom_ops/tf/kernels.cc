@@ -380,6 +380,7 @@ struct JointPlan {
     options.activation = attrs.activation;
     options.dtype = core_dtype(enc.dtype());
     options.allow_tf32 = attrs.allow_tf32;
+    options.kernel = joint_kernel_from_env();
     in.host = host_plan(logit_lengths_host.flat<int32_t>().data(),
                         label_lengths_host.flat<int32_t>().data(), shape.B, &host_offsets);
     in.encoder = enc.tensor_data().data();

@@ -460,6 +460,7 @@ ffi::Error joint_config(ffi::AnyBuffer enc, ffi::AnyBuffer pred, ffi::AnyBuffer 
   o->blank = static_cast<int>(blank);
   o->activation = static_cast<Activation>(activation);
   o->allow_tf32 = allow_tf32 != 0;
+  o->kernel = joint_kernel_from_env();
   if (!core_dtype(enc.element_type(), &o->dtype)) {
     return invalid("joint_lattice: unsupported dtype");
   }

@@ -7,6 +7,8 @@
 #               force, no TensorFlow in the process (built by build.py --tests where nvcc is
 #               found, else taken from build/tests/core_test as built elsewhere); cuBLAS from
 #               $TF_RNNT_CUBLAS, default the nvidia-cublas wheel's libcublas.so.*
+#   timing      build/tests/joint_timing: the CUDA launchers timed without TensorFlow, the
+#               cuBLAS path against the fused tile kernels ($TIMING_DTYPES, $TIMING_ARGS)
 #   tests       the test suite ($TEST_FILES, default tests/) with GPU memory growth, so that
 #               pytest-xdist workers share the GPU (PYTEST_ARGS="-n 8"; "-k gpu" keeps mostly the
 #               GPU variants)
@@ -68,9 +70,22 @@ for step in "$@"; do
           || { tail -20 "$OUT/core_build.log"; fail core; continue; }
       fi
       [[ -x build/tests/core_test ]] || { fail "core (no nvcc and no build/tests/core_test)"; continue; }
+      # On a Hopper GPU the fused tile kernels must run, not be skipped.
+      hopper=0; [[ $(gpu0 nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1) == 9.0 ]] && hopper=1
       TF_RNNT_CUBLAS=${TF_RNNT_CUBLAS:-$(cublas_path)} TF_RNNT_CORE_TEST_REQUIRE_GPU=1 \
+        TF_RNNT_CORE_TEST_REQUIRE_FUSED=$hopper \
         gpu0 build/tests/core_test > "$OUT/core_test.log" 2>&1 || fail core
-      grep -E "FAIL|^CPU:|^GPU:|PASSED" "$OUT/core_test.log" ;;
+      grep -E "FAIL|SKIPPED|^CPU:|^GPU:|PASSED" "$OUT/core_test.log" ;;
+    timing)
+      # The CUDA launchers without TensorFlow, cuBLAS path against the fused kernels.
+      [[ -x build/tests/joint_timing ]] || { fail "timing (no build/tests/joint_timing)"; continue; }
+      for dtype in ${TIMING_DTYPES:-bfloat16 float16}; do
+        for lengths in full ragged; do
+          TF_RNNT_CUBLAS=${TF_RNNT_CUBLAS:-$(cublas_path)} gpu0 build/tests/joint_timing \
+            --dtype "$dtype" --lengths "$lengths" ${TIMING_ARGS:-} 2>&1 | tee -a "$OUT/timing.log" \
+            || fail "timing $dtype $lengths"
+        done
+      done ;;
     tests)
       TF_FORCE_GPU_ALLOW_GROWTH=true gpu0 "$PYTHON" -m pytest -q -rs -p no:cacheprovider \
         ${PYTEST_ARGS:-} ${TEST_FILES:-tests} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -40

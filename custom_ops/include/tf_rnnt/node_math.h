@@ -86,10 +86,16 @@ TF_RNNT_HD LseState lse_push(LseState s, float x) {
   return s;
 }
 
+// exp() of the per-node math: expf by default; the fused GPU kernels' epilogues pass the
+// hardware exp2 (__expf, a few ulp), where exp() runs once per logit.
+struct ExactExp {
+  TF_RNNT_HD float operator()(float x) const { return expf(x); }
+};
+
 // lse_push of n values at once: one rescale for the block, so the n exp() are independent.
 // A block holding +inf falls back to lse_push element by element (same result).
-template <int n>
-TF_RNNT_HD LseState lse_push_block(LseState s, const float (&x)[n]) {
+template <typename Exp = ExactExp, int n>
+TF_RNNT_HD LseState lse_push_block(LseState s, const float (&x)[n], Exp exp = Exp()) {
   float m = s.max;
   for (int k = 0; k < n; ++k) m = fmaxf(m, x[k]);  // fmaxf skips NaN; the sum below keeps it
   if (m == kNegInf) return s;
@@ -97,8 +103,8 @@ TF_RNNT_HD LseState lse_push_block(LseState s, const float (&x)[n]) {
     for (int k = 0; k < n; ++k) s = lse_push(s, x[k]);
     return s;
   }
-  float sum = s.max == kNegInf ? 0.f : s.sum * expf(s.max - m);
-  for (int k = 0; k < n; ++k) sum += expf(x[k] - m);  // exp(-inf) = 0: masked entries add nothing
+  float sum = s.max == kNegInf ? 0.f : s.sum * exp(s.max - m);
+  for (int k = 0; k < n; ++k) sum += exp(x[k] - m);  // exp(-inf) = 0: masked entries add nothing
   return LseState{m, sum};
 }
 
@@ -119,10 +125,11 @@ TF_RNNT_HD float log_softmax_at(float x, LseState s) { return (x - s.max) - logf
 //   g_blank * (1[v == blank] - p_v) + g_label * (1[v == label] - p_v)
 // A node whose two gradients are zero (padding, or a sample whose cost is not finite) gets exact
 // zeros, even where its logits are NaN or inf.
+template <typename Exp = ExactExp>
 TF_RNNT_HD float logit_grad(float logit, float lse, int v, int blank, int label, float g_blank,
-                            float g_label) {
+                            float g_label, Exp exp = Exp()) {
   if (g_blank == 0.f && g_label == 0.f) return 0.f;
-  float g = -expf(logit - lse) * (g_blank + g_label);
+  float g = -exp(logit - lse) * (g_blank + g_label);
   if (v == blank) g += g_blank;
   if (v == label) g += g_label;
   return g;

@@ -89,11 +89,19 @@ struct JointShape {
   int B = 0, T = 0, U1 = 0, H = 0, V = 0;
 };
 
+// How the GPU launchers run a tiled joint. kFused: the fused tile kernels (joint values formed on
+// chip, log-sum-exp and d logits in the GEMM's epilogue; Hopper, 16-bit dtypes, H a multiple of 8
+// up to 640), or kInvalidArgument where they do not apply; kCublas: the cuBLAS path; kAuto: the
+// path that is faster where both apply (today the cuBLAS path: benchmarks/results). Untiled mode
+// and the CPU launchers ignore it.
+enum class JointKernel : int { kAuto = 0, kCublas = 1, kFused = 2 };
+
 struct JointOptions {
   int blank = 0;  // in [0, V)
   Activation activation = Activation::kTanh;
   DType dtype = DType::kFloat32;  // of encoder, predictor, kernel, bias and the gradients
   bool allow_tf32 = true;         // float32 GEMMs may use TF32 tensor cores (GPU)
+  JointKernel kernel = JointKernel::kAuto;
 };
 
 // Host-side plan: packed node offsets [B + 1] from host lengths.

@@ -1,0 +1,58 @@
+// The fused joint tile kernels of the CUDA launchers (joint_fused_sm90.cu): per tile of packed
+// lattice nodes, the joint values act(encoder + predictor) are formed in shared memory and fed to
+// tensor-core GEMMs against the output layer; the logits never leave the chip.
+//   forward:   online log-sum-exp over V and the blank/label picks -> lattice, lse
+//   recompute: d logits from the lattice gradients (the backward pass's tile), written with the
+//              joint values for the two backward GEMMs
+// Hopper (sm_90a wgmma) only; joint_cuda.cu falls back to its cuBLAS path elsewhere.
+#ifndef TF_RNNT_JOINT_FUSED_H_
+#define TF_RNNT_JOINT_FUSED_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "tf_rnnt/rnnt_core.h"
+
+namespace tf_rnnt {
+namespace fused {
+
+// Why the fused kernels cannot run this joint on the current device, or null when they can.
+const char* unsupported_reason(const JointShape& shape, const JointOptions& options);
+
+// Elements of the prepared output layer (kernel transposed to [Vw, Hk], zero padded: dtype) and
+// of the padded bias ([Vw] float32, -inf padding).
+int64_t prepared_kernel_elements(const JointShape& shape);
+int64_t prepared_bias_elements(const JointShape& shape);
+
+// The output layer in the fused kernels' layout.
+Status prepare(const JointShape& shape, const JointOptions& options, const void* kernel,
+               const void* bias, void* prepared_kernel, float* prepared_bias, cudaStream_t stream);
+
+// The tile [n0, n0 + rows) of packed nodes; offsets [B + 1] on the device.
+struct Tile {
+  const void* encoder = nullptr;
+  const void* predictor = nullptr;
+  const void* prepared_kernel = nullptr;
+  const float* prepared_bias = nullptr;
+  const int32_t* labels = nullptr;
+  const int64_t* offsets = nullptr;
+  const int32_t* label_lengths = nullptr;
+  int64_t n0 = 0, rows = 0;
+};
+
+// lattice [B, T, U1, 2] (the tile's nodes) and lse [num_nodes] (packed).
+Status forward(const JointShape& shape, const JointOptions& options, const Tile& tile,
+               float* lattice, float* lse, cudaStream_t stream);
+
+// d logits [rows, logits width] (dtype, zero padding columns) and the joint values
+// [rows, hidden width] (dtype: H activations, a ones column, zeros), as joint_cuda.cu lays out
+// its tile buffers.
+Status recompute(const JointShape& shape, const JointOptions& options, const Tile& tile,
+                 const float* lse, const float* d_lattice, void* z_out, int z_width, void* d_logits,
+                 int logits_width, cudaStream_t stream);
+
+}  // namespace fused
+}  // namespace tf_rnnt
+
+#endif  // TF_RNNT_JOINT_FUSED_H_

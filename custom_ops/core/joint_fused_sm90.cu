@@ -1,0 +1,550 @@
+// Fused joint tile kernels for Hopper (sm_90a): joint_fused.h says what they compute.
+//
+// A block takes kRows = 128 consecutive packed nodes (two warpgroups of 64 rows):
+//   1. Z = act(encoder[b, t] + predictor[b, u]) for its rows, formed once in shared memory in the
+//      wgmma K-major layout with the 128-byte swizzle (16-byte chunk c of row r stored at chunk
+//      c ^ (r mod 8)), H padded with zeros to a multiple of 64;
+//   2. the vocabulary in chunks of 128 columns: logits = Z @ kernel[:, chunk] by wgmma, A (Z) and
+//      B (the transposed kernel, streamed through kStages buffers by cp.async) from shared memory,
+//      float32 accumulators in registers;
+//   3. an epilogue per chunk on the accumulators: the logits rounded to the input dtype (as the
+//      cuBLAS path's logits tile and a mixed-precision Dense layer), plus bias, then
+//        forward:   the online log-sum-exp (Milakov & Gimelshein 2018) and the blank/label picks,
+//        recompute: d logits = g_blank (1[v = blank] - p_v) + g_label (1[v = label] - p_v).
+// Each row's reductions run in a fixed order (no atomics): results are deterministic.
+#include "joint_fused.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "tf_rnnt/dtype_cuda.cuh"
+#include "tf_rnnt/node_math.h"
+#include "wgmma_sm90.cuh"
+
+namespace tf_rnnt {
+namespace fused {
+
+namespace {
+
+constexpr int kRows = 128;      // nodes per block
+constexpr int kChunk = 128;     // vocabulary columns per accumulator chunk
+constexpr int kKBlock = 64;     // K elements per 128-byte swizzled row
+constexpr int kRowBytes = 128;  // one swizzled row: kKBlock 16-bit values
+constexpr int kStages = 4;      // kernel buffers in flight
+#ifndef TF_RNNT_FUSED_AHEAD
+#define TF_RNNT_FUSED_AHEAD 2
+#endif
+// Steps loaded ahead of the one computed: kStages - 1 needs a second barrier per step (a stage is
+// refilled once both warpgroups' wgmmas of the step before are done), kStages - 2 does not.
+constexpr int kAhead = TF_RNNT_FUSED_AHEAD;
+static_assert(kAhead == kStages - 1 || kAhead == kStages - 2, "kAhead: kStages - 1 or - 2");
+constexpr int kThreads = 256;                    // two warpgroups
+constexpr int kStageBytes = kChunk * kRowBytes;  // 16 KB
+constexpr int kMaxH = 640;                       // Z of 128 x 640 16-bit values: 160 KB
+constexpr int kTableBytes = 2 * kRows * 4;       // the rows' encoder and predictor indices
+constexpr int kAlign = 1024;                     // the swizzle pattern repeats every 1024 B
+
+__host__ __device__ __forceinline__ int round_up(int n, int m) { return (n + m - 1) / m * m; }
+int k_extent(const JointShape& s) { return round_up(s.H, kKBlock); }
+int vocab_extent(const JointShape& s) { return round_up(s.V, kChunk); }
+
+size_t smem_bytes(const JointShape& s) {
+  return static_cast<size_t>(k_extent(s)) * kRows * 2 + kStages * kStageBytes + kTableBytes +
+         kAlign;
+}
+
+// Byte offset of 16-byte chunk c of row r in a 128-byte-swizzled tile.
+__device__ __forceinline__ uint32_t swizzled(int r, int c) {
+  return static_cast<uint32_t>(r * kRowBytes + ((c ^ (r & 7)) << 4));
+}
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// wgmma shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): K-major, 128-byte
+// swizzle, 8-row groups 1024 bytes apart (stride byte offset); the leading byte offset is unused
+// for this layout.
+__device__ __forceinline__ uint64_t matrix_descriptor(uint32_t address) {
+  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
+         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int n>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(n));
+}
+// Generic-proxy writes to shared memory (stores, cp.async) made visible to the tensor cores.
+__device__ __forceinline__ void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int n>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(n) : "memory");
+}
+// Keeps the compiler from moving accumulator accesses across the asynchronous wgmma.
+template <int n>
+__device__ __forceinline__ void fence_registers(float (&d)[n]) {
+#pragma unroll
+  for (int i = 0; i < n; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+struct FastExp {
+  __device__ __forceinline__ float operator()(float x) const { return __expf(x); }
+};
+
+template <typename T>
+struct Params {
+  const T* encoder;
+  const T* predictor;
+  const T* kernel_t;  // [Vw, Hk]
+  const float* bias;  // [Vw], -inf padding
+  const int32_t* labels;
+  const int64_t* offsets;
+  const int32_t* label_lengths;
+  int B, T_max, U1, H, Hk, V, blank;
+  Activation activation;
+  int64_t n0, rows;
+  float* lattice;  // forward
+  float* lse;      // forward: out; recompute: in
+  const float* d_lattice;
+  T* z_out;
+  int z_width;
+  T* d_logits;
+  int logits_width;
+};
+
+// One row of the block, as a thread of its quad sees it.
+struct RowInfo {
+  bool valid;
+  int label;  // -1 at u = U_b
+  int64_t node, padded;
+  float g_blank, g_label, lse;
+};
+
+template <typename T, bool kRecompute>
+__device__ __forceinline__ RowInfo row_info(const Params<T>& p, int64_t row) {
+  RowInfo r{};
+  r.valid = row < p.rows;
+  r.label = -1;
+  if (!r.valid) return r;
+  r.node = p.n0 + row;
+  const NodeIndex i = locate_node(r.node, p.offsets, p.B, p.label_lengths);
+  r.padded = (static_cast<int64_t>(i.b) * p.T_max + i.t) * p.U1 + i.u;
+  if (i.u < p.label_lengths[i.b]) r.label = p.labels[static_cast<int64_t>(i.b) * (p.U1 - 1) + i.u];
+  if (kRecompute) {
+    r.g_blank = p.d_lattice[2 * r.padded];
+    r.g_label = r.label >= 0 ? p.d_lattice[2 * r.padded + 1] : 0.f;
+    r.lse = p.lse[r.node];
+  }
+  return r;
+}
+
+// The per-thread state of the epilogue: the two rows' log-sum-exp and picks.
+struct RowState {
+  LseState lse[2];
+  float blank[2], label[2];
+};
+
+// The accumulator of one chunk of nw columns starting at column c0: element j * 4 + e of a
+// thread holds row (e < 2 ? row0 : row0 + 8), column c0 + 8 j + 2 (lane mod 4) + (e mod 2).
+template <typename T, bool kRecompute, int nw>
+__device__ __forceinline__ void epilogue(const Params<T>& p, const float (&acc)[kChunk / 2], int c0,
+                                         int lane, const RowInfo (&rows)[2], int64_t block_row0,
+                                         int row0, RowState* st) {
+  const int col_lane = c0 + (lane & 3) * 2;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float x[nw / 4];
+#pragma unroll
+    for (int j = 0; j < nw / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = col_lane + 8 * j + e;
+        x[2 * j + e] = to_float(from_float<T>(acc[4 * j + 2 * half + e])) + __ldg(p.bias + col);
+      }
+    }
+    const RowInfo& r = rows[half];
+    if (!kRecompute) {
+      st->lse[half] = lse_push_block(st->lse[half], x, FastExp());
+      if (p.blank >= c0 && p.blank < c0 + nw) {
+#pragma unroll
+        for (int j = 0; j < nw / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            if (col_lane + 8 * j + e == p.blank) st->blank[half] = x[2 * j + e];
+          }
+        }
+      }
+      if (r.label >= c0 && r.label < c0 + nw) {
+#pragma unroll
+        for (int j = 0; j < nw / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            if (col_lane + 8 * j + e == r.label) st->label[half] = x[2 * j + e];
+          }
+        }
+      }
+    } else if (r.valid) {
+      T* out = p.d_logits + (block_row0 + row0 + 8 * half) * p.logits_width;
+#pragma unroll
+      for (int j = 0; j < nw / 8; ++j) {
+        const int col = col_lane + 8 * j;
+        if (col >= p.logits_width) break;
+        float g[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          g[e] = col + e < p.V ? logit_grad(x[2 * j + e], r.lse, col + e, p.blank, r.label,
+                                            r.g_blank, r.g_label, FastExp())
+                               : 0.f;
+        }
+        struct alignas(2 * sizeof(T)) Pair {
+          T v[2];
+        } pair{{from_float<T>(g[0]), from_float<T>(g[1])}};
+        *reinterpret_cast<Pair*>(out + col) = pair;
+      }
+    }
+  }
+}
+
+// The block's mainloop state: where the operands are and the kernel pipeline.
+struct Pipeline {
+  uint32_t a_address;       // this warpgroup's 64 rows of Z
+  uint32_t stages_address;  // the kStages kernel buffers
+  int kblocks;              // K blocks of 64
+};
+
+// One vocabulary chunk c of nw columns: per K block, wait for its kernel stage, start loading the
+// stage kAhead steps on, four k16 wgmmas; then the epilogue on the accumulators.
+template <typename T, bool kRecompute, int nw, typename LoadStep>
+__device__ __forceinline__ void run_chunk(const Params<T>& p, const Pipeline& pipe, int c,
+                                          LoadStep& load_step, float (&acc)[kChunk / 2], int lane,
+                                          const RowInfo (&rows)[2], int64_t block_row0, int row0,
+                                          RowState* st) {
+  for (int kb = 0; kb < pipe.kblocks; ++kb) {
+    const int step = c * pipe.kblocks + kb;
+    cp_async_wait<kAhead - 1>();  // this step's stage has landed (for this thread) ...
+    fence_async_shared();
+    __syncthreads();  // ... for every thread, and every wgmma of step - 2 is done
+    if (kAhead == kStages - 2) load_step(step + kAhead);
+    const uint32_t a_base = pipe.a_address + kb * (kRows * kRowBytes);
+    const uint32_t b_base = pipe.stages_address + (step % kStages) * kStageBytes;
+    fence_registers(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKBlock / 16; ++kk) {
+      wgmma::Mma<T, nw>::run(acc, matrix_descriptor(a_base + 32 * kk),
+                             matrix_descriptor(b_base + 32 * kk), kb == 0 && kk == 0 ? 0 : 1);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();
+    fence_registers(acc);
+    if (kAhead == kStages - 1) {
+      __syncthreads();  // every wgmma of step - 1 is done: its stage takes step + kAhead
+      load_step(step + kAhead);
+    }
+  }
+  wgmma_wait<0>();
+  fence_registers(acc);
+  epilogue<T, kRecompute, nw>(p, acc, c * kChunk, lane, rows, block_row0, row0, st);
+}
+
+template <typename T, bool kRecompute>
+__global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T> p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_address(smem_raw);
+  uint8_t* const smem = smem_raw + (((raw + kAlign - 1) & ~uint32_t(kAlign - 1)) - raw);
+  const int kblocks = p.Hk / kKBlock;
+  uint8_t* const z_tile = smem;                                  // [kblocks][kRows][128 B]
+  uint8_t* const stages = z_tile + kblocks * kRows * kRowBytes;  // [kStages][kChunk][128 B]
+  int32_t* const enc_row = reinterpret_cast<int32_t*>(stages + kStages * kStageBytes);
+  int32_t* const pred_row = enc_row + kRows;
+
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int64_t block_row0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  const int chunks = (p.V + kChunk - 1) / kChunk, steps = chunks * kblocks;
+  const uint32_t stages_address = smem_address(stages);
+
+  auto load_step = [&](int step) {
+    if (step < steps) {
+      const int c = step / kblocks, kb = step - c * kblocks;
+      const T* src = p.kernel_t + static_cast<int64_t>(c) * kChunk * p.Hk + kb * kKBlock;
+      const uint32_t dst = stages_address + (step % kStages) * kStageBytes;
+#pragma unroll
+      for (int q = tid; q < kChunk * 8; q += kThreads) {
+        const int r = q >> 3, ch = q & 7;
+        cp_async16(dst + swizzled(r, ch), src + static_cast<int64_t>(r) * p.Hk + ch * 8);
+      }
+    }
+    cp_async_commit();  // an empty group past the end keeps the wait counts uniform
+  };
+#pragma unroll
+  for (int s = 0; s < kAhead; ++s) load_step(s);
+
+  if (tid < kRows) {
+    int e = -1, q = -1;
+    if (block_row0 + tid < p.rows) {
+      const NodeIndex i = locate_node(p.n0 + block_row0 + tid, p.offsets, p.B, p.label_lengths);
+      e = i.b * p.T_max + i.t;
+      q = i.b * p.U1 + i.u;
+    }
+    enc_row[tid] = e;
+    pred_row[tid] = q;
+  }
+  __syncthreads();
+
+  // 1. Z in shared memory (and, recomputing, in the tile buffer for the backward GEMMs), the
+  // loads of kBatch chunks in flight per thread.
+  constexpr int kBatch = 8;
+  const int row_chunks = p.Hk / 8, total = kRows * row_chunks;
+  for (int q0 = tid; q0 < total; q0 += kThreads * kBatch) {
+    uint4 e_bits[kBatch], p_bits[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int q = q0 + k * kThreads, r = q / row_chunks, h = 8 * (q - r * row_chunks);
+      e_bits[k] = p_bits[k] = make_uint4(0, 0, 0, 0);
+      if (q < total && enc_row[r] >= 0 && h < p.H) {
+        e_bits[k] =
+            *reinterpret_cast<const uint4*>(p.encoder + static_cast<int64_t>(enc_row[r]) * p.H + h);
+        p_bits[k] = *reinterpret_cast<const uint4*>(p.predictor +
+                                                    static_cast<int64_t>(pred_row[r]) * p.H + h);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int q = q0 + k * kThreads, r = q / row_chunks, c = q - r * row_chunks, h = 8 * c;
+      if (q >= total) break;
+      uint4 bits = make_uint4(0, 0, 0, 0);
+      if (enc_row[r] >= 0 && h < p.H) {
+        const T* ev = reinterpret_cast<const T*>(&e_bits[k]);
+        const T* pv = reinterpret_cast<const T*>(&p_bits[k]);
+        T* zv = reinterpret_cast<T*>(&bits);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          zv[i] = from_float<T>(tile_activate<T>(to_float(ev[i]) + to_float(pv[i]), p.activation));
+        }
+        if (kRecompute) {
+          *reinterpret_cast<uint4*>(p.z_out + (block_row0 + r) * p.z_width + h) = bits;
+        }
+      }
+      *reinterpret_cast<uint4*>(z_tile + (c / 8) * (kRows * kRowBytes) + swizzled(r, c % 8)) = bits;
+    }
+  }
+  if (kRecompute && tid < kRows && block_row0 + tid < p.rows) {
+    // The ones column (its d kernel row is d bias) and zeros up to the buffer's width.
+    T* z = p.z_out + (block_row0 + tid) * p.z_width;
+    for (int h = p.H; h < p.z_width; ++h) z[h] = from_float<T>(h == p.H ? 1.f : 0.f);
+  }
+
+  // 2-3. The chunks.
+  const int warpgroup = tid >> 7, warp = (tid >> 5) & 3;
+  const int row0 = warpgroup * 64 + warp * 16 + (lane >> 2);
+  const RowInfo rows[2] = {row_info<T, kRecompute>(p, block_row0 + row0),
+                           row_info<T, kRecompute>(p, block_row0 + row0 + 8)};
+  RowState st;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    st.lse[h] = lse_init();
+    st.blank[h] = st.label[h] = 0.f;
+  }
+  const int full_chunks = p.V / kChunk;
+  const int tail = round_up(p.V - full_chunks * kChunk, 8);  // 0, or the last chunk's width
+  const Pipeline pipe{smem_address(z_tile) + warpgroup * 64 * kRowBytes, stages_address, kblocks};
+  float acc[kChunk / 2];
+#pragma unroll
+  for (int i = 0; i < kChunk / 2; ++i) acc[i] = 0.f;
+  for (int c = 0; c < chunks; ++c) {
+#define TF_RNNT_RUN_CHUNK(nw) \
+  run_chunk<T, kRecompute, nw>(p, pipe, c, load_step, acc, lane, rows, block_row0, row0, &st)
+    if (c < full_chunks || tail > 64) {
+      TF_RNNT_RUN_CHUNK(128);
+    } else if (tail > 32) {
+      TF_RNNT_RUN_CHUNK(64);
+    } else if (tail > 16) {
+      TF_RNNT_RUN_CHUNK(32);
+    } else if (tail > 8) {
+      TF_RNNT_RUN_CHUNK(16);
+    } else {
+      TF_RNNT_RUN_CHUNK(8);
+    }
+#undef TF_RNNT_RUN_CHUNK
+  }
+  cp_async_wait<0>();
+
+  if (!kRecompute) {
+    // The quad's four partial rows merged in a fixed order; the picks from the lanes that hold
+    // their columns.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      LseState s = st.lse[h];
+#pragma unroll
+      for (int offset = 1; offset < 4; offset <<= 1) {
+        LseState o;
+        o.max = __shfl_xor_sync(0xffffffffu, s.max, offset);
+        o.sum = __shfl_xor_sync(0xffffffffu, s.sum, offset);
+        s = lse_merge(s, o);
+      }
+      const int quad = lane & ~3;
+      const float blank = __shfl_sync(0xffffffffu, st.blank[h], quad | ((p.blank & 7) >> 1));
+      const int label = rows[h].label >= 0 ? rows[h].label : 0;
+      const float label_x = __shfl_sync(0xffffffffu, st.label[h], quad | ((label & 7) >> 1));
+      const RowInfo& r = rows[h];
+      if ((lane & 3) == 0 && r.valid) {
+        p.lse[r.node] = lse_value(s);
+        p.lattice[2 * r.padded] = log_softmax_at(blank, s);
+        if (r.label >= 0) p.lattice[2 * r.padded + 1] = log_softmax_at(label_x, s);
+      }
+    }
+  }
+#endif
+}
+
+// kernel_t [Vw, Hk] = kernel^T with zeros outside [V, H]; bias [Vw] float32, -inf outside V.
+template <typename T>
+__global__ void prepare_kernel(const T* __restrict__ kernel, const T* __restrict__ bias, int H,
+                               int V, int Hk, int Vw, T* __restrict__ kernel_t,
+                               float* __restrict__ bias_out) {
+  const int64_t total = static_cast<int64_t>(Vw) * Hk;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int v = static_cast<int>(i / Hk), h = static_cast<int>(i % Hk);
+    kernel_t[i] = v < V && h < H ? kernel[static_cast<int64_t>(h) * V + v] : from_float<T>(0.f);
+    if (h == 0) bias_out[v] = v < V ? to_float(bias[v]) : kNegInf;
+  }
+}
+
+Status invalid(const char* message) {
+  Status s;
+  s.code = StatusCode::kInvalidArgument;
+  s.message = message;
+  return s;
+}
+
+template <typename T, bool kRecompute>
+Status launch(const JointShape& s, const JointOptions& o, const Tile& tile, Params<T> p,
+              cudaStream_t stream) {
+  if (tile.rows == 0) return Status();
+  p.encoder = static_cast<const T*>(tile.encoder);
+  p.predictor = static_cast<const T*>(tile.predictor);
+  p.kernel_t = static_cast<const T*>(tile.prepared_kernel);
+  p.bias = tile.prepared_bias;
+  p.labels = tile.labels;
+  p.offsets = tile.offsets;
+  p.label_lengths = tile.label_lengths;
+  p.B = s.B;
+  p.T_max = s.T;
+  p.U1 = s.U1;
+  p.H = s.H;
+  p.Hk = k_extent(s);
+  p.V = s.V;
+  p.blank = o.blank;
+  p.activation = o.activation;
+  p.n0 = tile.n0;
+  p.rows = tile.rows;
+  const size_t bytes = smem_bytes(s);
+  auto kernel = joint_tile_kernel<T, kRecompute>;
+  Status st =
+      cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  if (!st.ok()) return st;
+  const int64_t blocks = (tile.rows + kRows - 1) / kRows;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, bytes, stream>>>(p);
+  return last_launch_status();
+}
+
+template <typename Fn>
+Status dispatch_half(DType dtype, Fn&& fn) {
+  if (dtype == DType::kBFloat16) return fn(__nv_bfloat16());
+  if (dtype == DType::kFloat16) return fn(__half());
+  return invalid("the fused joint kernels take float16 or bfloat16");
+}
+
+}  // namespace
+
+const char* unsupported_reason(const JointShape& s, const JointOptions& o) {
+#if !TF_RNNT_FUSED_SM90A
+  (void)s;
+  (void)o;
+  return "tf_rnnt was built without sm_90a code (TF_RNNT_CUDA_ARCHS lacks 90)";
+#else
+  if (o.dtype == DType::kFloat32) return "the fused joint kernels take float16 or bfloat16";
+  if (s.H < 8 || s.H > kMaxH || s.H % 8 != 0) {
+    return "the fused joint kernels need H, a multiple of 8, in [8, 640]";
+  }
+  int device = 0, major = 0, minor = 0, optin = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess) {
+    return "the current CUDA device could not be queried";
+  }
+  if (major != 9 || minor != 0) return "the fused joint kernels need a compute capability 9.0 GPU";
+  if (static_cast<size_t>(optin) < smem_bytes(s)) {
+    return "the fused joint kernels need more shared memory than this GPU offers a block";
+  }
+  return nullptr;
+#endif
+}
+
+int64_t prepared_kernel_elements(const JointShape& s) {
+  return static_cast<int64_t>(vocab_extent(s)) * k_extent(s);
+}
+
+int64_t prepared_bias_elements(const JointShape& s) { return vocab_extent(s); }
+
+Status prepare(const JointShape& s, const JointOptions& o, const void* kernel, const void* bias,
+               void* prepared_kernel, float* prepared_bias, cudaStream_t stream) {
+  return dispatch_half(o.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t total = prepared_kernel_elements(s);
+    prepare_kernel<T><<<blocks_for(total, 256), 256, 0, stream>>>(
+        static_cast<const T*>(kernel), static_cast<const T*>(bias), s.H, s.V, k_extent(s),
+        vocab_extent(s), static_cast<T*>(prepared_kernel), prepared_bias);
+    return last_launch_status();
+  });
+}
+
+Status forward(const JointShape& s, const JointOptions& o, const Tile& tile, float* lattice,
+               float* lse, cudaStream_t stream) {
+  return dispatch_half(o.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    Params<T> p{};
+    p.lattice = lattice;
+    p.lse = lse;
+    return launch<T, false>(s, o, tile, p, stream);
+  });
+}
+
+Status recompute(const JointShape& s, const JointOptions& o, const Tile& tile, const float* lse,
+                 const float* d_lattice, void* z_out, int z_width, void* d_logits, int logits_width,
+                 cudaStream_t stream) {
+  if (z_width < s.H + 1 || logits_width < s.V || logits_width % 8 != 0) {
+    return invalid("fused recompute: tile buffers narrower than the joint");
+  }
+  return dispatch_half(o.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    Params<T> p{};
+    p.lse = const_cast<float*>(lse);
+    p.d_lattice = d_lattice;
+    p.z_out = static_cast<T*>(z_out);
+    p.z_width = z_width;
+    p.d_logits = static_cast<T*>(d_logits);
+    p.logits_width = logits_width;
+    return launch<T, true>(s, o, tile, p, stream);
+  });
+}
+
+}  // namespace fused
+}  // namespace tf_rnnt
