@@ -100,10 +100,6 @@ __device__ __forceinline__ void fence_registers(float (&d)[n]) {
   for (int i = 0; i < n; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-struct FastExp {
-  __device__ __forceinline__ float operator()(float x) const { return __expf(x); }
-};
-
 template <typename T>
 struct Params {
   const T* encoder;
@@ -157,27 +153,76 @@ struct RowState {
   float blank[2], label[2];
 };
 
+// x * log2(e) - m * log2(e) in one FFMA, then the hardware exp2: exp(x - m), a few ulp.
+__device__ __forceinline__ float exp_shifted(float x, float m_log2e) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(fmaf(x, 1.4426950408889634f, -m_log2e)));
+  return y;
+}
+
+// lse_push_block (node_math.h) with exp_shifted: the running sum rescaled once per block.
+template <int n>
+__device__ __forceinline__ LseState lse_push_chunk(LseState s, const float (&x)[n]) {
+  float m = s.max;
+#pragma unroll
+  for (int k = 0; k < n; ++k) m = fmaxf(m, x[k]);
+  if (m == kNegInf || m == INFINITY) return lse_push_block(s, x);  // exact special cases
+  const float m_log2e = m * 1.4426950408889634f;
+  float sum = s.max == kNegInf ? 0.f : s.sum * exp_shifted(s.max, m_log2e);
+#pragma unroll
+  for (int k = 0; k < n; ++k) sum += exp_shifted(x[k], m_log2e);
+  return LseState{m, sum};
+}
+
+// Two float32 values rounded to T and packed in one 32-bit word, and back.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  struct alignas(4) Pair {
+    T v[2];
+  } pair{{from_float<T>(a), from_float<T>(b)}};
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+template <typename T>
+__device__ __forceinline__ float2 unpack2(uint32_t w) {
+  const T* v = reinterpret_cast<const T*>(&w);
+  return make_float2(to_float(v[0]), to_float(v[1]));
+}
+
+// The value of register array x at run-time index i (a select chain: no local memory).
+template <int n>
+__device__ __forceinline__ uint32_t select(const uint32_t (&x)[n], int i) {
+  uint32_t v = x[0];
+#pragma unroll
+  for (int k = 1; k < n; ++k) v = i == k ? x[k] : v;
+  return v;
+}
+
 // The accumulator of one chunk of nw columns starting at column c0: element j * 4 + e of a
 // thread holds row (e < 2 ? row0 : row0 + 8), column c0 + 8 j + 2 (lane mod 4) + (e mod 2).
 template <typename T, bool kRecompute, int nw>
 __device__ __forceinline__ void epilogue(const Params<T>& p, const float (&acc)[kChunk / 2], int c0,
                                          int lane, const RowInfo (&rows)[2], int64_t block_row0,
                                          int row0, RowState* st) {
-  const int col_lane = c0 + (lane & 3) * 2;
+  const int quad_lane = lane & 3, col_lane = c0 + quad_lane * 2;
+  float bias[nw / 4];
+#pragma unroll
+  for (int j = 0; j < nw / 8; ++j) {
+    const float2 b = __ldg(reinterpret_cast<const float2*>(p.bias + col_lane + 8 * j));
+    bias[2 * j] = b.x;
+    bias[2 * j + 1] = b.y;
+  }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float x[nw / 4];
 #pragma unroll
     for (int j = 0; j < nw / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = col_lane + 8 * j + e;
-        x[2 * j + e] = to_float(from_float<T>(acc[4 * j + 2 * half + e])) + __ldg(p.bias + col);
-      }
+      const float2 v = unpack2<T>(pack2<T>(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]));
+      x[2 * j] = v.x + bias[2 * j];
+      x[2 * j + 1] = v.y + bias[2 * j + 1];
     }
     const RowInfo& r = rows[half];
     if (!kRecompute) {
-      st->lse[half] = lse_push_block(st->lse[half], x, FastExp());
+      st->lse[half] = lse_push_chunk(st->lse[half], x);
       if (p.blank >= c0 && p.blank < c0 + nw) {
 #pragma unroll
         for (int j = 0; j < nw / 8; ++j) {
@@ -196,23 +241,56 @@ __device__ __forceinline__ void epilogue(const Params<T>& p, const float (&acc)[
           }
         }
       }
-    } else if (r.valid) {
-      T* out = p.d_logits + (block_row0 + row0 + 8 * half) * p.logits_width;
+    } else {
+      // d logits, column pairs packed; every lane takes part (the shuffles below), invalid rows
+      // have zero gradients and are not stored.
+      const float lse_log2e = r.lse * 1.4426950408889634f, g_sum = r.g_blank + r.g_label;
+      const bool live = r.g_blank != 0.f || r.g_label != 0.f;
+      uint32_t w[nw / 8];
 #pragma unroll
       for (int j = 0; j < nw / 8; ++j) {
-        const int col = col_lane + 8 * j;
-        if (col >= p.logits_width) break;
         float g[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          g[e] = col + e < p.V ? logit_grad(x[2 * j + e], r.lse, col + e, p.blank, r.label,
-                                            r.g_blank, r.g_label, FastExp())
-                               : 0.f;
+          const int col = col_lane + 8 * j + e;
+          // logit_grad (node_math.h) with exp_shifted; zero past V and for a dead row
+          float v = -exp_shifted(x[2 * j + e], lse_log2e) * g_sum;
+          if (col == p.blank) v += r.g_blank;
+          if (col == r.label) v += r.g_label;
+          g[e] = live && col < p.V ? v : 0.f;
         }
-        struct alignas(2 * sizeof(T)) Pair {
-          T v[2];
-        } pair{{from_float<T>(g[0]), from_float<T>(g[1])}};
-        *reinterpret_cast<Pair*>(out + col) = pair;
+        w[j] = pack2<T>(g[0], g[1]);
+      }
+      T* out = p.d_logits + (block_row0 + row0 + 8 * half) * p.logits_width;
+      if (nw >= 32) {
+        // Four blocks of 8 columns at a time: the quad's lanes swap pairs so that lane q holds
+        // block q's 8 columns and stores them as one 16-byte access.
+#pragma unroll
+        for (int j0 = 0; j0 < nw / 8; j0 += 4) {
+          uint32_t group[4] = {w[j0], w[j0 + 1], w[j0 + 2], w[j0 + 3]};
+          uint32_t u[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) u[k] = 0;
+          const uint32_t own = select(group, quad_lane);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) u[k] = k == quad_lane ? own : u[k];
+#pragma unroll
+          for (int k = 1; k < 4; ++k) {
+            const uint32_t recv = __shfl_xor_sync(0xffffffffu, select(group, quad_lane ^ k), k);
+#pragma unroll
+            for (int q = 0; q < 4; ++q) u[q] = q == (quad_lane ^ k) ? recv : u[q];
+          }
+          const int col = c0 + 8 * (j0 + quad_lane);
+          if (r.valid && col < p.logits_width) {
+            *reinterpret_cast<uint4*>(out + col) = make_uint4(u[0], u[1], u[2], u[3]);
+          }
+        }
+      } else if (r.valid) {
+#pragma unroll
+        for (int j = 0; j < nw / 8; ++j) {
+          const int col = col_lane + 8 * j;
+          if (col < p.logits_width) *reinterpret_cast<uint32_t*>(out + col) = w[j];
+        }
       }
     }
   }
@@ -307,7 +385,10 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
 
   // 1. Z in shared memory (and, recomputing, in the tile buffer for the backward GEMMs), the
   // loads of kBatch chunks in flight per thread.
-  constexpr int kBatch = 8;
+#ifndef TF_RNNT_FUSED_BATCH
+#define TF_RNNT_FUSED_BATCH 8
+#endif
+  constexpr int kBatch = TF_RNNT_FUSED_BATCH;
   const int row_chunks = p.Hk / 8, total = kRows * row_chunks;
   for (int q0 = tid; q0 < total; q0 += kThreads * kBatch) {
     uint4 e_bits[kBatch], p_bits[kBatch];
