@@ -8,7 +8,8 @@
 
 The flash suite runs each profile with all lengths full (the headline: every lattice node is
 real work) and with ragged lengths (uniform in [T/2, T] and [U/2, U], about 56% of the nodes);
---lengths picks one of them.
+--lengths picks one of them. --methods takes tiled, untiled, reference, and tiled-cublas /
+tiled-fused: the tiled op on one GPU kernel path (TF_RNNT_JOINT_KERNEL).
 
 Each case times forward + backward inside one tf.function: the median of --repeats runs after
 --warmup runs, each ending in a host read of the result. Peak memory is
@@ -220,11 +221,21 @@ def suite_flash(args, lines, results):
         for method in args.methods.split(","):
             if method == "reference" and prof == "long" and not args.long_reference:
                 continue
+            # "tiled-fused" / "tiled-cublas": the tiled op on one GPU kernel path
+            # (TF_RNNT_JOINT_KERNEL, read at each call of the op).
+            mode, _, kernel_path = method.partition("-")
+            os.environ["TF_RNNT_JOINT_KERNEL"] = kernel_path or "auto"
             try:
-                seconds, used = measure(joint_step(method, inputs), args.warmup, args.repeats)
+                seconds, used = measure(joint_step(mode, inputs), args.warmup, args.repeats)
             except tf.errors.ResourceExhaustedError:
                 lines.append(f"| {prof} | {lengths} | {dt.name} | {method} | OOM | | | |")
                 continue
+            except tf.errors.InvalidArgumentError as e:  # no fused kernel for this case
+                lines.append(f"| {prof} | {lengths} | {dt.name} | {method} | n/a: "
+                             f"{e.message.splitlines()[0][:60]} | | | |")
+                continue
+            finally:
+                os.environ.pop("TF_RNNT_JOINT_KERNEL", None)
             if method == "reference":
                 ref = (seconds, used)
             rate = flops / seconds
@@ -297,7 +308,8 @@ def main():
         "--long-reference", action="store_true", help="also run the reference at 'long'"
     )
     parser.add_argument("--methods", default="tiled,untiled,reference",
-                        help="flash suite: comma-separated subset of tiled,untiled,reference")
+                        help="flash suite: comma-separated subset of tiled,untiled,reference,"
+                        "tiled-cublas,tiled-fused")
     parser.add_argument(
         "--dtypes",
         default=None,

@@ -334,6 +334,43 @@ def test_joint_lattice_half_precision(dtype, device):
         assert op_error <= 2 * ref_error + u, (channel, op_error, ref_error)
 
 
+# The GPU's fused tile kernels (TF_RNNT_JOINT_KERNEL=fused; Hopper, 16-bit dtypes): the half
+# precision criterion above against the oracle, close to the cuBLAS path (same rounding points),
+# and bitwise the same run to run. 600 nodes: several blocks of 128; V = 131 and 140: tails of 3
+# and 12 columns past the chunks of 128 (chunk widths 8 and 16).
+@pytest.mark.gpu
+@pytest.mark.parametrize("options", [dict(), dict(fastemit_lambda=0.01), dict(clamp=0.1)],
+                         ids=["plain", "fastemit", "clamp"])
+@pytest.mark.parametrize("blank", [0, -1])
+@pytest.mark.parametrize("vocab", [131, 140])
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_flash_rnnt_loss_fused_kernels(dtype, vocab, blank, options, monkeypatch):
+    problem = _problem(15, (3, 20, 9, 16, vocab), blank=blank, ragged=False)
+    rounded = tuple(tf.cast(tf.cast(tf.constant(x, tf.float32), dtype), tf.float64).numpy()
+                    for x in problem[:4]) + problem[4:]
+    exact = oracle.flash_rnnt_loss(*rounded, blank, "tanh", **options)
+    ref_costs, ref_grads = run_flash(_reference_flash, rounded, dtype=dtype, blank=blank,
+                                     **options)
+    runs = {}
+    for path in ("cublas", "fused", "fused"):
+        monkeypatch.setenv("TF_RNNT_JOINT_KERNEL", path)
+        got = run_flash(tf_rnnt.flash_rnnt_loss, rounded, None, "/GPU:0", dtype=dtype,
+                        blank=blank, mode="tiled", tile_size=200, **options)
+        if path in runs:
+            for a, b in zip([runs[path][0]] + runs[path][1], [got[0]] + got[1]):
+                np.testing.assert_array_equal(a, b, err_msg="fused: a second run differs")
+        runs[path] = got
+    u = UNIT_ROUNDOFF[dtype]
+    for i, (name, e) in enumerate(zip(("costs",) + GRAD_NAMES, exact)):
+        fused = runs["fused"][0] if i == 0 else runs["fused"][1][i - 1]
+        cublas = runs["cublas"][0] if i == 0 else runs["cublas"][1][i - 1]
+        ref = ref_costs if i == 0 else ref_grads[i - 1]
+        op_error, ref_error = _relative_error(fused, e), _relative_error(ref, e)
+        assert op_error <= 2 * ref_error + u, (
+            f"{name}: fused error {op_error:.2e} vs reference {ref_error:.2e} in {dtype.name}")
+        assert _relative_error(fused, cublas) <= u, f"{name}: fused vs cuBLAS path"
+
+
 # ------------------------------------------------------------------------------ numerical gradient
 
 NUMERIC_DELTA = 1e-2

@@ -197,100 +197,115 @@ __device__ __forceinline__ uint32_t select(const uint32_t (&x)[n], int i) {
   return v;
 }
 
-// The accumulator of one chunk of nw columns starting at column c0: element j * 4 + e of a
-// thread holds row (e < 2 ? row0 : row0 + 8), column c0 + 8 j + 2 (lane mod 4) + (e mod 2).
-template <typename T, bool kRecompute, int nw>
-__device__ __forceinline__ void epilogue(const Params<T>& p, const float (&acc)[kChunk / 2], int c0,
-                                         int lane, const RowInfo (&rows)[2], int64_t block_row0,
-                                         int row0, RowState* st) {
-  const int quad_lane = lane & 3, col_lane = c0 + quad_lane * 2;
-  float bias[nw / 4];
+// The epilogue of a chunk: its accumulators rounded to T and packed (Pending), then worked through
+// in four parts of 4 blocks of 8 columns.
+constexpr int kBlocks = kChunk / 8;  // blocks of 8 columns in a chunk
+static_assert(kBlocks == 16, "four parts of four blocks");
+
+// A thread's share of a chunk's logits: word [half][j] holds row (half ? row0 + 8 : row0),
+// columns c0 + 8 j + 2 (lane mod 4) + {0, 1}, rounded to T (the cuBLAS path's logits tile and a
+// mixed-precision Dense layer round there too).
+struct Pending {
+  uint32_t w[2][kBlocks];
+  int c0 = 0, blocks = 0;
+};
+
+// The wgmma accumulator fragment of a [64, nw] chunk: element 4 j + 2 half + e of a thread is
+// row (half ? row0 + 8 : row0), column 8 j + 2 (lane mod 4) + e.
+template <typename T, int nw>
+__device__ __forceinline__ void capture(const float (&acc)[kChunk / 2], int c0, Pending* pend) {
 #pragma unroll
-  for (int j = 0; j < nw / 8; ++j) {
-    const float2 b = __ldg(reinterpret_cast<const float2*>(p.bias + col_lane + 8 * j));
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int j = 0; j < nw / 8; ++j) {
+      pend->w[half][j] = pack2<T>(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+    }
+  }
+  pend->c0 = c0;
+  pend->blocks = nw / 8;
+}
+
+// Part `part` of the pending chunk (blocks 4 part .. 4 part + 3; those past pend.blocks are
+// masked):
+//   forward:   the online log-sum-exp of logits + bias and the blank/label picks,
+//   recompute: d logits = g_blank (1[v = blank] - p_v) + g_label (1[v = label] - p_v), each lane
+//              storing 8 columns in one 16-byte access after the quad swaps its pairs.
+template <typename T, bool kRecompute, int part>
+__device__ __forceinline__ void process_part(const Params<T>& p, const Pending& pend, int lane,
+                                             const RowInfo (&rows)[2], int64_t block_row0, int row0,
+                                             RowState* st) {
+  constexpr int j0 = 4 * part;
+  if (j0 >= pend.blocks) return;  // uniform over the block
+  const int quad_lane = lane & 3, col_lane = pend.c0 + quad_lane * 2;
+  float bias[8];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 b = j0 + j < pend.blocks
+                         ? __ldg(reinterpret_cast<const float2*>(p.bias + col_lane + 8 * (j0 + j)))
+                         : make_float2(kNegInf, kNegInf);
     bias[2 * j] = b.x;
     bias[2 * j + 1] = b.y;
   }
+  const int first_col = pend.c0 + 8 * j0;  // the part's columns: [first_col, first_col + 32)
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    float x[nw / 4];
+    float x[8];
 #pragma unroll
-    for (int j = 0; j < nw / 8; ++j) {
-      const float2 v = unpack2<T>(pack2<T>(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]));
+    for (int j = 0; j < 4; ++j) {  // blocks past the chunk hold no values: -inf
+      const float2 v =
+          j0 + j < pend.blocks ? unpack2<T>(pend.w[half][j0 + j]) : make_float2(kNegInf, kNegInf);
       x[2 * j] = v.x + bias[2 * j];
       x[2 * j + 1] = v.y + bias[2 * j + 1];
     }
     const RowInfo& r = rows[half];
     if (!kRecompute) {
       st->lse[half] = lse_push_chunk(st->lse[half], x);
-      if (p.blank >= c0 && p.blank < c0 + nw) {
+      if (p.blank >= first_col && p.blank < first_col + 32) {
 #pragma unroll
-        for (int j = 0; j < nw / 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            if (col_lane + 8 * j + e == p.blank) st->blank[half] = x[2 * j + e];
-          }
+        for (int k = 0; k < 8; ++k) {
+          if (col_lane + 8 * (j0 + k / 2) + k % 2 == p.blank) st->blank[half] = x[k];
         }
       }
-      if (r.label >= c0 && r.label < c0 + nw) {
+      if (r.label >= first_col && r.label < first_col + 32) {
 #pragma unroll
-        for (int j = 0; j < nw / 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            if (col_lane + 8 * j + e == r.label) st->label[half] = x[2 * j + e];
-          }
+        for (int k = 0; k < 8; ++k) {
+          if (col_lane + 8 * (j0 + k / 2) + k % 2 == r.label) st->label[half] = x[k];
         }
       }
     } else {
-      // d logits, column pairs packed; every lane takes part (the shuffles below), invalid rows
-      // have zero gradients and are not stored.
+      // Every lane takes part (the shuffles); invalid rows have zero gradients, not stored.
       const float lse_log2e = r.lse * 1.4426950408889634f, g_sum = r.g_blank + r.g_label;
       const bool live = r.g_blank != 0.f || r.g_label != 0.f;
-      uint32_t w[nw / 8];
+      uint32_t group[4];
 #pragma unroll
-      for (int j = 0; j < nw / 8; ++j) {
+      for (int j = 0; j < 4; ++j) {
         float g[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int col = col_lane + 8 * j + e;
+          const int col = col_lane + 8 * (j0 + j) + e;
           // logit_grad (node_math.h) with exp_shifted; zero past V and for a dead row
           float v = -exp_shifted(x[2 * j + e], lse_log2e) * g_sum;
           if (col == p.blank) v += r.g_blank;
           if (col == r.label) v += r.g_label;
           g[e] = live && col < p.V ? v : 0.f;
         }
-        w[j] = pack2<T>(g[0], g[1]);
+        group[j] = pack2<T>(g[0], g[1]);
       }
-      T* out = p.d_logits + (block_row0 + row0 + 8 * half) * p.logits_width;
-      if (nw >= 32) {
-        // Four blocks of 8 columns at a time: the quad's lanes swap pairs so that lane q holds
-        // block q's 8 columns and stores them as one 16-byte access.
+      // Lane q of the quad gathers block j0 + q: word k of it from lane k.
+      uint32_t u[4];
+      const uint32_t own = select(group, quad_lane);
 #pragma unroll
-        for (int j0 = 0; j0 < nw / 8; j0 += 4) {
-          uint32_t group[4] = {w[j0], w[j0 + 1], w[j0 + 2], w[j0 + 3]};
-          uint32_t u[4];
+      for (int k = 0; k < 4; ++k) u[k] = own;
 #pragma unroll
-          for (int k = 0; k < 4; ++k) u[k] = 0;
-          const uint32_t own = select(group, quad_lane);
+      for (int k = 1; k < 4; ++k) {
+        const uint32_t recv = __shfl_xor_sync(0xffffffffu, select(group, quad_lane ^ k), k);
 #pragma unroll
-          for (int k = 0; k < 4; ++k) u[k] = k == quad_lane ? own : u[k];
-#pragma unroll
-          for (int k = 1; k < 4; ++k) {
-            const uint32_t recv = __shfl_xor_sync(0xffffffffu, select(group, quad_lane ^ k), k);
-#pragma unroll
-            for (int q = 0; q < 4; ++q) u[q] = q == (quad_lane ^ k) ? recv : u[q];
-          }
-          const int col = c0 + 8 * (j0 + quad_lane);
-          if (r.valid && col < p.logits_width) {
-            *reinterpret_cast<uint4*>(out + col) = make_uint4(u[0], u[1], u[2], u[3]);
-          }
-        }
-      } else if (r.valid) {
-#pragma unroll
-        for (int j = 0; j < nw / 8; ++j) {
-          const int col = col_lane + 8 * j;
-          if (col < p.logits_width) *reinterpret_cast<uint32_t*>(out + col) = w[j];
-        }
+        for (int q = 0; q < 4; ++q) u[q] = q == (quad_lane ^ k) ? recv : u[q];
+      }
+      const int col = first_col + 8 * quad_lane;
+      if (r.valid && col < p.logits_width) {
+        T* out = p.d_logits + (block_row0 + row0 + 8 * half) * p.logits_width;
+        *reinterpret_cast<uint4*>(out + col) = make_uint4(u[0], u[1], u[2], u[3]);
       }
     }
   }
@@ -304,12 +319,12 @@ struct Pipeline {
 };
 
 // One vocabulary chunk c of nw columns: per K block, wait for its kernel stage, start loading the
-// stage kAhead steps on, four k16 wgmmas; then the epilogue on the accumulators.
+// stage kAhead steps on, four k16 wgmmas; then the chunk's epilogue.
 template <typename T, bool kRecompute, int nw, typename LoadStep>
 __device__ __forceinline__ void run_chunk(const Params<T>& p, const Pipeline& pipe, int c,
                                           LoadStep& load_step, float (&acc)[kChunk / 2], int lane,
                                           const RowInfo (&rows)[2], int64_t block_row0, int row0,
-                                          RowState* st) {
+                                          RowState* st, Pending* pend) {
   for (int kb = 0; kb < pipe.kblocks; ++kb) {
     const int step = c * pipe.kblocks + kb;
     cp_async_wait<kAhead - 1>();  // this step's stage has landed (for this thread) ...
@@ -335,7 +350,13 @@ __device__ __forceinline__ void run_chunk(const Params<T>& p, const Pipeline& pi
   }
   wgmma_wait<0>();
   fence_registers(acc);
-  epilogue<T, kRecompute, nw>(p, acc, c * kChunk, lane, rows, block_row0, row0, st);
+  capture<T, nw>(acc, c * kChunk, pend);
+  // The epilogue, in parts of 4 blocks. (Run between the next chunk's wgmmas instead, it cost
+  // more than it hid on an H200: every K step ends at a block-wide barrier.)
+  process_part<T, kRecompute, 0>(p, *pend, lane, rows, block_row0, row0, st);
+  process_part<T, kRecompute, 1>(p, *pend, lane, rows, block_row0, row0, st);
+  process_part<T, kRecompute, 2>(p, *pend, lane, rows, block_row0, row0, st);
+  process_part<T, kRecompute, 3>(p, *pend, lane, rows, block_row0, row0, st);
 }
 
 template <typename T, bool kRecompute>
@@ -446,9 +467,10 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
   float acc[kChunk / 2];
 #pragma unroll
   for (int i = 0; i < kChunk / 2; ++i) acc[i] = 0.f;
+  Pending pend;
   for (int c = 0; c < chunks; ++c) {
 #define TF_RNNT_RUN_CHUNK(nw) \
-  run_chunk<T, kRecompute, nw>(p, pipe, c, load_step, acc, lane, rows, block_row0, row0, &st)
+  run_chunk<T, kRecompute, nw>(p, pipe, c, load_step, acc, lane, rows, block_row0, row0, &st, &pend)
     if (c < full_chunks || tail > 64) {
       TF_RNNT_RUN_CHUNK(128);
     } else if (tail > 32) {
