@@ -202,7 +202,8 @@ def build(out, jobs, tests=False):
         if "90" in archs:
             fused_code = ["-gencode", "arch=compute_90a,code=sm_90a", "-DTF_RNNT_FUSED_SM90A=1"]
         else:
-            fused_code = ["-gencode", f"arch=compute_{archs[0]},code=sm_{archs[0]}"]
+            fused_code = ["-gencode", f"arch=compute_{archs[0]},code=sm_{archs[0]}",
+                          "-diag-suppress=177"]  # the unused device helpers
         add(os.path.join(SRC, "core", "joint_fused_sm90.cu"), lambda s, o: [
             nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
             *include, *fused_code, "-c", s, "-o", o])
