@@ -38,8 +38,13 @@ PAD = -1
 # conv_output_lengths against the real Keras layers.
 # ----------------------------------------------------------------------------------------------
 def _keras_frames(layer, length, channels=1):
-    """Output frames of `layer` on one unpadded sample of `length` frames (0 if Keras refuses)."""
+    """Output frames of `layer` on one unpadded sample of `length` frames (0 if Keras refuses).
+
+    Keras' shape check refuses an empty output first: run on one, TensorFlow's oneDNN pooling
+    fails or crashes, depending on the CPU.
+    """
     try:
+        layer.compute_output_shape((1, length, channels))
         return int(layer(np.ones((1, length, channels), np.float32)).shape[1])
     except (ValueError, tf.errors.InvalidArgumentError):
         return 0
