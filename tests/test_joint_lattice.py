@@ -336,7 +336,9 @@ def test_joint_lattice_half_precision(dtype, device):
 
 # The GPU's fused tile kernels (TF_RNNT_JOINT_KERNEL=fused; Hopper, 16-bit dtypes): the half
 # precision criterion above against the oracle, close to the cuBLAS path (same rounding points),
-# and bitwise the same run to run. 600 nodes: several blocks of 128; V = 131 and 140: tails of 3
+# and bitwise the same run to run. The two paths round d logits to the dtype from float32 values
+# a few float32 ulp apart (exp2 against expf), so a d logit can land one half-precision ulp away
+# and the gradients differ by up to 2 unit roundoffs. 600 nodes: several blocks of 128; V = 131 and 140: tails of 3
 # and 12 columns past the chunks of 128 (chunk widths 8 and 16).
 @pytest.mark.gpu
 @pytest.mark.parametrize("options", [dict(), dict(fastemit_lambda=0.01), dict(clamp=0.1)],
@@ -368,7 +370,7 @@ def test_flash_rnnt_loss_fused_kernels(dtype, vocab, blank, options, monkeypatch
         op_error, ref_error = _relative_error(fused, e), _relative_error(ref, e)
         assert op_error <= 2 * ref_error + u, (
             f"{name}: fused error {op_error:.2e} vs reference {ref_error:.2e} in {dtype.name}")
-        assert _relative_error(fused, cublas) <= u, f"{name}: fused vs cuBLAS path"
+        assert _relative_error(fused, cublas) <= 2 * u, f"{name}: fused vs cuBLAS path"
 
 
 # ------------------------------------------------------------------------------ numerical gradient

@@ -1,12 +1,16 @@
 // Fused joint tile kernels for Hopper (sm_90a): joint_fused.h says what they compute.
 //
-// A block takes kRows = 128 consecutive packed nodes (two warpgroups of 64 rows):
+// A block takes kRows = 128 consecutive packed nodes: two consumer warpgroups of 64 rows each and
+// a producer warp.
 //   1. Z = act(encoder[b, t] + predictor[b, u]) for its rows, formed once in shared memory in the
 //      wgmma K-major layout with the 128-byte swizzle (16-byte chunk c of row r stored at chunk
 //      c ^ (r mod 8)), H padded with zeros to a multiple of 64;
 //   2. the vocabulary in chunks of 128 columns: logits = Z @ kernel[:, chunk] by wgmma, A (Z) and
-//      B (the transposed kernel, streamed through kStages buffers by cp.async) from shared memory,
-//      float32 accumulators in registers;
+//      B from shared memory, float32 accumulators in registers. B is the output layer prepared
+//      as one 16 KB image per (chunk, K block) step, already swizzled, which the producer
+//      streams through kStages buffers with bulk copies (cp.async.bulk); "full" and "empty"
+//      mbarriers per buffer pace it, so the two warpgroups never wait for each other and one's
+//      epilogue overlaps the other's wgmmas;
 //   3. an epilogue per chunk on the accumulators: the logits rounded to the input dtype (as the
 //      cuBLAS path's logits tile and a mixed-precision Dense layer), plus bias, then
 //        forward:   the online log-sum-exp (Milakov & Gimelshein 2018) and the blank/label picks,
@@ -32,17 +36,15 @@ constexpr int kChunk = 128;     // vocabulary columns per accumulator chunk
 constexpr int kKBlock = 64;     // K elements per 128-byte swizzled row
 constexpr int kRowBytes = 128;  // one swizzled row: kKBlock 16-bit values
 constexpr int kStages = 4;      // kernel buffers in flight
-#ifndef TF_RNNT_FUSED_AHEAD
-#define TF_RNNT_FUSED_AHEAD 2
-#endif
-// Steps loaded ahead of the one computed: kStages - 1 needs a second barrier per step (a stage is
-// refilled once both warpgroups' wgmmas of the step before are done), kStages - 2 does not.
-constexpr int kAhead = TF_RNNT_FUSED_AHEAD;
-static_assert(kAhead == kStages - 1 || kAhead == kStages - 2, "kAhead: kStages - 1 or - 2");
-constexpr int kThreads = 256;                    // two warpgroups
+constexpr int kConsumers = 256;                  // two warpgroups
+constexpr int kThreads = kConsumers + 128;       // and the producer's warpgroup
+// Registers per thread once the producer gave its share to the consumers (setmaxnreg):
+// 128 x 40 + 256 x 232 of the 64 K an SM has.
+constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
 constexpr int kStageBytes = kChunk * kRowBytes;  // 16 KB
 constexpr int kMaxH = 640;                       // Z of 128 x 640 16-bit values: 160 KB
 constexpr int kTableBytes = 2 * kRows * 4;       // the rows' encoder and predictor indices
+constexpr int kBarrierBytes = 2 * kStages * 8;   // the full and empty mbarriers
 constexpr int kAlign = 1024;                     // the swizzle pattern repeats every 1024 B
 
 __host__ __device__ __forceinline__ int round_up(int n, int m) { return (n + m - 1) / m * m; }
@@ -51,7 +53,7 @@ int vocab_extent(const JointShape& s) { return round_up(s.V, kChunk); }
 
 size_t smem_bytes(const JointShape& s) {
   return static_cast<size_t>(k_extent(s)) * kRows * 2 + kStages * kStageBytes + kTableBytes +
-         kAlign;
+         kBarrierBytes + kAlign;
 }
 
 // Byte offset of 16-byte chunk c of row r in a 128-byte-swizzled tile.
@@ -71,15 +73,38 @@ __device__ __forceinline__ uint64_t matrix_descriptor(uint32_t address) {
          (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
 }
 
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+// mbarriers (PTX ISA, "Parallel Synchronization and Communication Instructions: mbarrier").
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-template <int n>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(n));
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+  asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar)
+               : "memory");
 }
-// Generic-proxy writes to shared memory (stores, cp.async) made visible to the tensor cores.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Returns once the barrier's phase of the given parity has completed. (The retry loop stays inside
+// the asm: written as a C++ loop, it made ptxas serialize the wgmmas in flight across it.)
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      "wait:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra wait;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// bytes from global to shared memory by the bulk copy engine, completing on mbarrier bar.
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+// Generic-proxy writes to shared memory made visible to the tensor cores.
 __device__ __forceinline__ void fence_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
@@ -104,7 +129,7 @@ template <typename T>
 struct Params {
   const T* encoder;
   const T* predictor;
-  const T* kernel_t;  // [Vw, Hk]
+  const T* kernel_t;  // the stage images: step c * (Hk / 64) + kb at kStageBytes * step
   const float* bias;  // [Vw], -inf padding
   const int32_t* labels;
   const int64_t* offsets;
@@ -311,28 +336,28 @@ __device__ __forceinline__ void process_part(const Params<T>& p, const Pending& 
   }
 }
 
-// The block's mainloop state: where the operands are and the kernel pipeline.
+// The block's mainloop state: where the operands and the kernel buffers' mbarriers are.
 struct Pipeline {
   uint32_t a_address;       // this warpgroup's 64 rows of Z
   uint32_t stages_address;  // the kStages kernel buffers
+  uint32_t full, empty;     // the buffers' mbarriers, 8 bytes apart
   int kblocks;              // K blocks of 64
 };
 
-// One vocabulary chunk c of nw columns: per K block, wait for its kernel stage, start loading the
-// stage kAhead steps on, four k16 wgmmas; then the chunk's epilogue.
-template <typename T, bool kRecompute, int nw, typename LoadStep>
+// One vocabulary chunk c of nw columns: per K block, wait until its buffer is full, four k16
+// wgmmas, and once the step before's wgmmas are done, release that step's buffer; then the
+// chunk's epilogue.
+template <typename T, bool kRecompute, int nw>
 __device__ __forceinline__ void run_chunk(const Params<T>& p, const Pipeline& pipe, int c,
-                                          LoadStep& load_step, float (&acc)[kChunk / 2], int lane,
+                                          float (&acc)[kChunk / 2], int lane,
                                           const RowInfo (&rows)[2], int64_t block_row0, int row0,
                                           RowState* st, Pending* pend) {
+  const int step0 = c * pipe.kblocks;
   for (int kb = 0; kb < pipe.kblocks; ++kb) {
-    const int step = c * pipe.kblocks + kb;
-    cp_async_wait<kAhead - 1>();  // this step's stage has landed (for this thread) ...
-    fence_async_shared();
-    __syncthreads();  // ... for every thread, and every wgmma of step - 2 is done
-    if (kAhead == kStages - 2) load_step(step + kAhead);
+    const int step = step0 + kb, stage = step % kStages;
+    mbarrier_wait(pipe.full + 8 * stage, (step / kStages) & 1);
     const uint32_t a_base = pipe.a_address + kb * (kRows * kRowBytes);
-    const uint32_t b_base = pipe.stages_address + (step % kStages) * kStageBytes;
+    const uint32_t b_base = pipe.stages_address + stage * kStageBytes;
     fence_registers(acc);
     wgmma_fence();
 #pragma unroll
@@ -343,16 +368,12 @@ __device__ __forceinline__ void run_chunk(const Params<T>& p, const Pipeline& pi
     wgmma_commit();
     wgmma_wait<1>();
     fence_registers(acc);
-    if (kAhead == kStages - 1) {
-      __syncthreads();  // every wgmma of step - 1 is done: its stage takes step + kAhead
-      load_step(step + kAhead);
-    }
+    if (kb > 0 && lane == 0) mbarrier_arrive(pipe.empty + 8 * ((step - 1) % kStages));
   }
   wgmma_wait<0>();
   fence_registers(acc);
+  if (lane == 0) mbarrier_arrive(pipe.empty + 8 * ((step0 + pipe.kblocks - 1) % kStages));
   capture<T, nw>(acc, c * kChunk, pend);
-  // The epilogue, in parts of 4 blocks. (Run between the next chunk's wgmmas instead, it cost
-  // more than it hid on an H200: every K step ends at a block-wide barrier.)
   process_part<T, kRecompute, 0>(p, *pend, lane, rows, block_row0, row0, st);
   process_part<T, kRecompute, 1>(p, *pend, lane, rows, block_row0, row0, st);
   process_part<T, kRecompute, 2>(p, *pend, lane, rows, block_row0, row0, st);
@@ -370,28 +391,20 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
   uint8_t* const stages = z_tile + kblocks * kRows * kRowBytes;  // [kStages][kChunk][128 B]
   int32_t* const enc_row = reinterpret_cast<int32_t*>(stages + kStages * kStageBytes);
   int32_t* const pred_row = enc_row + kRows;
+  const uint32_t full = smem_address(pred_row + kRows), empty = full + 8 * kStages;
 
   const int tid = threadIdx.x, lane = tid & 31;
   const int64_t block_row0 = static_cast<int64_t>(blockIdx.x) * kRows;
   const int chunks = (p.V + kChunk - 1) / kChunk, steps = chunks * kblocks;
   const uint32_t stages_address = smem_address(stages);
 
-  auto load_step = [&](int step) {
-    if (step < steps) {
-      const int c = step / kblocks, kb = step - c * kblocks;
-      const T* src = p.kernel_t + static_cast<int64_t>(c) * kChunk * p.Hk + kb * kKBlock;
-      const uint32_t dst = stages_address + (step % kStages) * kStageBytes;
-#pragma unroll
-      for (int q = tid; q < kChunk * 8; q += kThreads) {
-        const int r = q >> 3, ch = q & 7;
-        cp_async16(dst + swizzled(r, ch), src + static_cast<int64_t>(r) * p.Hk + ch * 8);
-      }
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(full + 8 * s, 1);           // the producer's arrival and the copy's bytes
+      mbarrier_init(empty + 8 * s, kConsumers / 32);  // one arrival per consumer warp
     }
-    cp_async_commit();  // an empty group past the end keeps the wait counts uniform
-  };
-#pragma unroll
-  for (int s = 0; s < kAhead; ++s) load_step(s);
-
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
   if (tid < kRows) {
     int e = -1, q = -1;
     if (block_row0 + tid < p.rows) {
@@ -404,18 +417,33 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
   }
   __syncthreads();
 
+  if (tid >= kConsumers) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
+    // The producer: step s's image into buffer s mod kStages once the consumers released the
+    // step kStages before it.
+    if (tid == kConsumers) {
+      for (int step = 0; step < steps; ++step) {
+        const int stage = step % kStages, use = step / kStages;
+        if (use > 0) mbarrier_wait(empty + 8 * stage, (use - 1) & 1);
+        mbarrier_arrive_expect_tx(full + 8 * stage, kStageBytes);
+        bulk_copy(stages_address + stage * kStageBytes,
+                  p.kernel_t + static_cast<int64_t>(step) * (kStageBytes / sizeof(T)),
+                  kStageBytes, full + 8 * stage);
+      }
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
+
   // 1. Z in shared memory (and, recomputing, in the tile buffer for the backward GEMMs), the
   // loads of kBatch chunks in flight per thread.
-#ifndef TF_RNNT_FUSED_BATCH
-#define TF_RNNT_FUSED_BATCH 8
-#endif
-  constexpr int kBatch = TF_RNNT_FUSED_BATCH;
+  constexpr int kBatch = 8;
   const int row_chunks = p.Hk / 8, total = kRows * row_chunks;
-  for (int q0 = tid; q0 < total; q0 += kThreads * kBatch) {
+  for (int q0 = tid; q0 < total; q0 += kConsumers * kBatch) {
     uint4 e_bits[kBatch], p_bits[kBatch];
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
-      const int q = q0 + k * kThreads, r = q / row_chunks, h = 8 * (q - r * row_chunks);
+      const int q = q0 + k * kConsumers, r = q / row_chunks, h = 8 * (q - r * row_chunks);
       e_bits[k] = p_bits[k] = make_uint4(0, 0, 0, 0);
       if (q < total && enc_row[r] >= 0 && h < p.H) {
         e_bits[k] =
@@ -426,7 +454,7 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
     }
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
-      const int q = q0 + k * kThreads, r = q / row_chunks, c = q - r * row_chunks, h = 8 * c;
+      const int q = q0 + k * kConsumers, r = q / row_chunks, c = q - r * row_chunks, h = 8 * c;
       if (q >= total) break;
       uint4 bits = make_uint4(0, 0, 0, 0);
       if (enc_row[r] >= 0 && h < p.H) {
@@ -450,6 +478,10 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
     for (int h = p.H; h < p.z_width; ++h) z[h] = from_float<T>(h == p.H ? 1.f : 0.f);
   }
 
+  // Z visible to the tensor cores of both warpgroups (the producer does not take part).
+  fence_async_shared();
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
+
   // 2-3. The chunks.
   const int warpgroup = tid >> 7, warp = (tid >> 5) & 3;
   const int row0 = warpgroup * 64 + warp * 16 + (lane >> 2);
@@ -463,14 +495,15 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
   }
   const int full_chunks = p.V / kChunk;
   const int tail = round_up(p.V - full_chunks * kChunk, 8);  // 0, or the last chunk's width
-  const Pipeline pipe{smem_address(z_tile) + warpgroup * 64 * kRowBytes, stages_address, kblocks};
+  const Pipeline pipe{smem_address(z_tile) + warpgroup * 64 * kRowBytes, stages_address, full, empty,
+                      kblocks};
   float acc[kChunk / 2];
 #pragma unroll
   for (int i = 0; i < kChunk / 2; ++i) acc[i] = 0.f;
   Pending pend;
   for (int c = 0; c < chunks; ++c) {
 #define TF_RNNT_RUN_CHUNK(nw) \
-  run_chunk<T, kRecompute, nw>(p, pipe, c, load_step, acc, lane, rows, block_row0, row0, &st, &pend)
+  run_chunk<T, kRecompute, nw>(p, pipe, c, acc, lane, rows, block_row0, row0, &st, &pend)
     if (c < full_chunks || tail > 64) {
       TF_RNNT_RUN_CHUNK(128);
     } else if (tail > 32) {
@@ -484,7 +517,6 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
     }
 #undef TF_RNNT_RUN_CHUNK
   }
-  cp_async_wait<0>();
 
   if (!kRecompute) {
     // The quad's four partial rows merged in a fixed order; the picks from the lanes that hold
@@ -514,16 +546,23 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
 #endif
 }
 
-// kernel_t [Vw, Hk] = kernel^T with zeros outside [V, H]; bias [Vw] float32, -inf outside V.
+// kernel_t: for each step (chunk c, K block kb) the 16 KB image its buffer takes, rows
+// v = c kChunk + r, 16-byte chunks swizzled as in Z, holding kernel[h, v] for
+// h = kb kKBlock + 8 chunk + e, zeros outside [H, V]; bias [Vw] float32, -inf outside V.
 template <typename T>
 __global__ void prepare_kernel(const T* __restrict__ kernel, const T* __restrict__ bias, int H,
                                int V, int Hk, int Vw, T* __restrict__ kernel_t,
                                float* __restrict__ bias_out) {
   const int64_t total = static_cast<int64_t>(Vw) * Hk;
+  const int kblocks = Hk / kKBlock;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int v = static_cast<int>(i / Hk), h = static_cast<int>(i % Hk);
-    kernel_t[i] = v < V && h < H ? kernel[static_cast<int64_t>(h) * V + v] : from_float<T>(0.f);
+    const int c = v / kChunk, r = v % kChunk, kb = h / kKBlock, e = h % 8;
+    const int chunk = (h % kKBlock) / 8;
+    const int64_t step = static_cast<int64_t>(c) * kblocks + kb;
+    const int64_t at = step * (kStageBytes / 2) + swizzled(r, chunk) / 2 + e;
+    kernel_t[at] = v < V && h < H ? kernel[static_cast<int64_t>(h) * V + v] : from_float<T>(0.f);
     if (h == 0) bias_out[v] = v < V ? to_float(bias[v]) : kNegInf;
   }
 }
