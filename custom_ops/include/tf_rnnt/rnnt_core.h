@@ -92,8 +92,8 @@ struct JointShape {
 // How the GPU launchers run a tiled joint. kFused: the fused tile kernels (joint values formed on
 // chip, log-sum-exp and d logits in the GEMM's epilogue; Hopper, 16-bit dtypes, H a multiple of 8
 // up to 640), or kInvalidArgument where they do not apply; kCublas: the cuBLAS path; kAuto: the
-// path that is faster where both apply (today the cuBLAS path: benchmarks/results). Untiled mode
-// and the CPU launchers ignore it.
+// fused kernels where they apply (faster on an H200: benchmarks/results), else the cuBLAS path.
+// Untiled mode and the CPU launchers ignore it.
 enum class JointKernel : int { kAuto = 0, kCublas = 1, kFused = 2 };
 
 struct JointOptions {
