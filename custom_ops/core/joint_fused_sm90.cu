@@ -1,7 +1,7 @@
 // Fused joint tile kernels for Hopper (sm_90a): joint_fused.h says what they compute.
 //
 // A block takes kRows = 128 consecutive packed nodes: two consumer warpgroups of 64 rows each and
-// a producer warp.
+// a producer warpgroup, one thread of which issues the copies.
 //   1. Z = act(encoder[b, t] + predictor[b, u]) for its rows, formed once in shared memory in the
 //      wgmma K-major layout with the 128-byte swizzle (16-byte chunk c of row r stored at chunk
 //      c ^ (r mod 8)), H padded with zeros to a multiple of 64;
@@ -9,8 +9,8 @@
 //      B from shared memory, float32 accumulators in registers. B is the output layer prepared
 //      as one 16 KB image per (chunk, K block) step, already swizzled, which the producer
 //      streams through kStages buffers with bulk copies (cp.async.bulk); "full" and "empty"
-//      mbarriers per buffer pace it, so the two warpgroups never wait for each other and one's
-//      epilogue overlaps the other's wgmmas;
+//      mbarriers per buffer pace it, so the warpgroups need no block-wide barrier and one can
+//      run its epilogue while the other's wgmmas run;
 //   3. an epilogue per chunk on the accumulators: the logits rounded to the input dtype (as the
 //      cuBLAS path's logits tile and a mixed-precision Dense layer), plus bias, then
 //        forward:   the online log-sum-exp (Milakov & Gimelshein 2018) and the blank/label picks,
