@@ -31,13 +31,13 @@ namespace fused {
 
 namespace {
 
-constexpr int kRows = 128;      // nodes per block
-constexpr int kChunk = 128;     // vocabulary columns per accumulator chunk
-constexpr int kKBlock = 64;     // K elements per 128-byte swizzled row
-constexpr int kRowBytes = 128;  // one swizzled row: kKBlock 16-bit values
-constexpr int kStages = 4;      // kernel buffers in flight
-constexpr int kConsumers = 256;                  // two warpgroups
-constexpr int kThreads = kConsumers + 128;       // and the producer's warpgroup
+constexpr int kRows = 128;                  // nodes per block
+constexpr int kChunk = 128;                 // vocabulary columns per accumulator chunk
+constexpr int kKBlock = 64;                 // K elements per 128-byte swizzled row
+constexpr int kRowBytes = 128;              // one swizzled row: kKBlock 16-bit values
+constexpr int kStages = 4;                  // kernel buffers in flight
+constexpr int kConsumers = 256;             // two warpgroups
+constexpr int kThreads = kConsumers + 128;  // and the producer's warpgroup
 // Registers per thread once the producer gave its share to the consumers (setmaxnreg):
 // 128 x 40 + 256 x 232 of the 64 K an SM has.
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
@@ -400,7 +400,7 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(full + 8 * s, 1);           // the producer's arrival and the copy's bytes
+      mbarrier_init(full + 8 * s, 1);                 // the producer's arrival and the copy's bytes
       mbarrier_init(empty + 8 * s, kConsumers / 32);  // one arrival per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -427,8 +427,8 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
         if (use > 0) mbarrier_wait(empty + 8 * stage, (use - 1) & 1);
         mbarrier_arrive_expect_tx(full + 8 * stage, kStageBytes);
         bulk_copy(stages_address + stage * kStageBytes,
-                  p.kernel_t + static_cast<int64_t>(step) * (kStageBytes / sizeof(T)),
-                  kStageBytes, full + 8 * stage);
+                  p.kernel_t + static_cast<int64_t>(step) * (kStageBytes / sizeof(T)), kStageBytes,
+                  full + 8 * stage);
       }
     }
     return;
@@ -495,8 +495,8 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
   }
   const int full_chunks = p.V / kChunk;
   const int tail = round_up(p.V - full_chunks * kChunk, 8);  // 0, or the last chunk's width
-  const Pipeline pipe{smem_address(z_tile) + warpgroup * 64 * kRowBytes, stages_address, full, empty,
-                      kblocks};
+  const Pipeline pipe{smem_address(z_tile) + warpgroup * 64 * kRowBytes, stages_address, full,
+                      empty, kblocks};
   float acc[kChunk / 2];
 #pragma unroll
   for (int i = 0; i < kChunk / 2; ++i) acc[i] = 0.f;
