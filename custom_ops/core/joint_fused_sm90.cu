@@ -2,9 +2,10 @@
 //
 // A block takes kRows = 128 consecutive packed nodes: two consumer warpgroups of 64 rows each and
 // a producer warpgroup, one thread of which issues the copies.
-//   1. Z = act(encoder[b, t] + predictor[b, u]) for its rows, formed once in shared memory in the
-//      wgmma K-major layout with the 128-byte swizzle (16-byte chunk c of row r stored at chunk
-//      c ^ (r mod 8)), H padded with zeros to a multiple of 64;
+//   1. Z = act(encoder[b, t] + predictor[b, u]) for its rows, formed once in shared memory by all
+//      threads (while the producer's first copies land) in the wgmma K-major layout with the
+//      128-byte swizzle (16-byte chunk c of row r stored at chunk c ^ (r mod 8)), H padded with
+//      zeros to a multiple of 64;
 //   2. the vocabulary in chunks of 128 columns: logits = Z @ kernel[:, chunk] by wgmma, A (Z) and
 //      B from shared memory, float32 accumulators in registers. B is the output layer prepared
 //      as one 16 KB image per (chunk, K block) step, already swizzled, which the producer
@@ -13,7 +14,8 @@
 //      run its epilogue while the other's wgmmas run;
 //   3. an epilogue per chunk on the accumulators: the logits rounded to the input dtype (as the
 //      cuBLAS path's logits tile and a mixed-precision Dense layer), plus bias, then
-//        forward:   the online log-sum-exp (Milakov & Gimelshein 2018) and the blank/label picks,
+//        forward:   the online log-sum-exp (Milakov & Gimelshein 2018), one rescale per chunk
+//                   and pairwise reductions (the epilogue is latency bound), and the picks,
 //        recompute: d logits = g_blank (1[v = blank] - p_v) + g_label (1[v = label] - p_v).
 // Each row's reductions run in a fixed order (no atomics): results are deterministic.
 #include "joint_fused.h"
@@ -185,20 +187,6 @@ __device__ __forceinline__ float exp_shifted(float x, float m_log2e) {
   return y;
 }
 
-// lse_push_block (node_math.h) with exp_shifted: the running sum rescaled once per block.
-template <int n>
-__device__ __forceinline__ LseState lse_push_chunk(LseState s, const float (&x)[n]) {
-  float m = s.max;
-#pragma unroll
-  for (int k = 0; k < n; ++k) m = fmaxf(m, x[k]);
-  if (m == kNegInf || m == INFINITY) return lse_push_block(s, x);  // exact special cases
-  const float m_log2e = m * 1.4426950408889634f;
-  float sum = s.max == kNegInf ? 0.f : s.sum * exp_shifted(s.max, m_log2e);
-#pragma unroll
-  for (int k = 0; k < n; ++k) sum += exp_shifted(x[k], m_log2e);
-  return LseState{m, sum};
-}
-
 // Two float32 values rounded to T and packed in one 32-bit word, and back.
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float a, float b) {
@@ -222,8 +210,8 @@ __device__ __forceinline__ uint32_t select(const uint32_t (&x)[n], int i) {
   return v;
 }
 
-// The epilogue of a chunk: its accumulators rounded to T and packed (Pending), then worked through
-// in four parts of 4 blocks of 8 columns.
+// The recompute's epilogue of a chunk: its accumulators rounded to T and packed (Pending), then
+// worked through in four parts of 4 blocks of 8 columns.
 constexpr int kBlocks = kChunk / 8;  // blocks of 8 columns in a chunk
 static_assert(kBlocks == 16, "four parts of four blocks");
 
@@ -250,88 +238,135 @@ __device__ __forceinline__ void capture(const float (&acc)[kChunk / 2], int c0, 
   pend->blocks = nw / 8;
 }
 
+// A register array reduced pairwise (it is overwritten): a dependency chain of log2(n) steps
+// where a running reduction has n. The epilogue is latency bound: this is what keeps it short.
+template <int n, typename Op>
+__device__ __forceinline__ float tree_reduce(float (&x)[n], Op op) {
+  static_assert((n & (n - 1)) == 0, "a power of two");
+  if constexpr (n == 1) {
+    return x[0];
+  } else {
+    float y[n / 2];
+#pragma unroll
+    for (int k = 0; k < n / 2; ++k) y[k] = op(x[k], x[k + n / 2]);
+    return tree_reduce(y, op);
+  }
+}
+
+// Column of value k of a thread's row share (lane_col: the thread's first column).
+__device__ __forceinline__ int share_col(int lane_col, int k) {
+  return lane_col + 8 * (k / 2) + k % 2;
+}
+
+// The forward epilogue of chunk [c0, c0 + nw): logits rounded to T plus bias, then per row the
+// online log-sum-exp with one rescale per chunk (lse_push_block, node_math.h, with exp_shifted),
+// and the blank/label picks in the chunk that holds their columns.
+template <typename T, int nw>
+__device__ __forceinline__ void forward_epilogue(const Params<T>& p, const float (&acc)[kChunk / 2],
+                                                 const float (&bias)[kChunk / 4], int c0, int lane,
+                                                 const RowInfo (&rows)[2], RowState* st) {
+  constexpr int n = nw / 4;  // values per row and thread
+  const int lane_col = c0 + 2 * (lane & 3);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float x[n], scratch[n];
+#pragma unroll
+    for (int k = 0; k < n; ++k) {
+      x[k] = to_float(from_float<T>(acc[4 * (k / 2) + 2 * half + k % 2])) + bias[k];
+      scratch[k] = x[k];
+    }
+    LseState& s = st->lse[half];
+    const float m =
+        fmaxf(s.max, tree_reduce(scratch, [](float a, float b) { return fmaxf(a, b); }));
+    if (m == INFINITY) {  // the exact special case of lse_push_block, unrolled (no local memory)
+#pragma unroll
+      for (int k = 0; k < n; ++k) s = lse_push(s, x[k]);
+    } else if (m != kNegInf) {  // m = -inf: every value so far is -inf, the state stays
+      const float m_log2e = m * 1.4426950408889634f;
+#pragma unroll
+      for (int k = 0; k < n; ++k) scratch[k] = exp_shifted(x[k], m_log2e);
+      const float sum = tree_reduce(scratch, [](float a, float b) { return a + b; });
+      s.sum = (s.max == kNegInf ? 0.f : s.sum * exp_shifted(s.max, m_log2e)) + sum;
+      s.max = m;
+    }
+    if (p.blank >= c0 && p.blank < c0 + nw) {
+#pragma unroll
+      for (int k = 0; k < n; ++k) {
+        if (share_col(lane_col, k) == p.blank) st->blank[half] = x[k];
+      }
+    }
+    const int label = rows[half].label;
+    if (label >= c0 && label < c0 + nw) {
+#pragma unroll
+      for (int k = 0; k < n; ++k) {
+        if (share_col(lane_col, k) == label) st->label[half] = x[k];
+      }
+    }
+  }
+}
+
 // Part `part` of the pending chunk (blocks 4 part .. 4 part + 3; those past pend.blocks are
-// masked):
-//   forward:   the online log-sum-exp of logits + bias and the blank/label picks,
-//   recompute: d logits = g_blank (1[v = blank] - p_v) + g_label (1[v = label] - p_v), each lane
-//              storing 8 columns in one 16-byte access after the quad swaps its pairs.
-template <typename T, bool kRecompute, int part>
-__device__ __forceinline__ void process_part(const Params<T>& p, const Pending& pend, int lane,
-                                             const RowInfo (&rows)[2], int64_t block_row0, int row0,
-                                             RowState* st) {
+// masked) in the recompute: d logits = g_blank (1[v = blank] - p_v) + g_label (1[v = label] - p_v)
+// (logit_grad, node_math.h, with exp_shifted), the indicator terms added only in the part that
+// holds their column, columns past V zeroed only in the tail chunk (kTail). Each lane stores 8
+// columns in one 16-byte access after the quad swaps its pairs.
+template <typename T, bool kTail, int part>
+__device__ __forceinline__ void recompute_part(const Params<T>& p, const Pending& pend,
+                                               const float (&bias)[kChunk / 4], int lane,
+                                               const RowInfo (&rows)[2], int64_t block_row0,
+                                               int row0) {
   constexpr int j0 = 4 * part;
   if (j0 >= pend.blocks) return;  // uniform over the block
-  const int quad_lane = lane & 3, col_lane = pend.c0 + quad_lane * 2;
-  float bias[8];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float2 b = j0 + j < pend.blocks
-                         ? __ldg(reinterpret_cast<const float2*>(p.bias + col_lane + 8 * (j0 + j)))
-                         : make_float2(kNegInf, kNegInf);
-    bias[2 * j] = b.x;
-    bias[2 * j + 1] = b.y;
-  }
+  const int quad_lane = lane & 3, lane_col = pend.c0 + 8 * j0 + quad_lane * 2;
   const int first_col = pend.c0 + 8 * j0;  // the part's columns: [first_col, first_col + 32)
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    float x[8];
+    const RowInfo& r = rows[half];
+    // Every lane takes part (the shuffles); invalid rows have zero gradients, not stored.
+    const float lse_log2e = r.lse * 1.4426950408889634f, g_sum = r.g_blank + r.g_label;
+    const bool live = r.g_blank != 0.f || r.g_label != 0.f;
+    float g[8];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {  // blocks past the chunk hold no values: -inf
       const float2 v =
           j0 + j < pend.blocks ? unpack2<T>(pend.w[half][j0 + j]) : make_float2(kNegInf, kNegInf);
-      x[2 * j] = v.x + bias[2 * j];
-      x[2 * j + 1] = v.y + bias[2 * j + 1];
+      g[2 * j] = -exp_shifted(v.x + bias[8 * part + 2 * j], lse_log2e) * g_sum;
+      g[2 * j + 1] = -exp_shifted(v.y + bias[8 * part + 2 * j + 1], lse_log2e) * g_sum;
     }
-    const RowInfo& r = rows[half];
-    if (!kRecompute) {
-      st->lse[half] = lse_push_chunk(st->lse[half], x);
-      if (p.blank >= first_col && p.blank < first_col + 32) {
+    if (p.blank >= first_col && p.blank < first_col + 32) {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          if (col_lane + 8 * (j0 + k / 2) + k % 2 == p.blank) st->blank[half] = x[k];
-        }
+      for (int k = 0; k < 8; ++k) {
+        if (share_col(lane_col, k) == p.blank) g[k] += r.g_blank;
       }
-      if (r.label >= first_col && r.label < first_col + 32) {
+    }
+    if (r.label >= first_col && r.label < first_col + 32) {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          if (col_lane + 8 * (j0 + k / 2) + k % 2 == r.label) st->label[half] = x[k];
-        }
+      for (int k = 0; k < 8; ++k) {
+        if (share_col(lane_col, k) == r.label) g[k] += r.g_label;
       }
-    } else {
-      // Every lane takes part (the shuffles); invalid rows have zero gradients, not stored.
-      const float lse_log2e = r.lse * 1.4426950408889634f, g_sum = r.g_blank + r.g_label;
-      const bool live = r.g_blank != 0.f || r.g_label != 0.f;
-      uint32_t group[4];
+    }
+    if (kTail) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float g[2];
+      for (int k = 0; k < 8; ++k) g[k] = share_col(lane_col, k) < p.V ? g[k] : 0.f;
+    }
+    uint32_t group[4];
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = col_lane + 8 * (j0 + j) + e;
-          // logit_grad (node_math.h) with exp_shifted; zero past V and for a dead row
-          float v = -exp_shifted(x[2 * j + e], lse_log2e) * g_sum;
-          if (col == p.blank) v += r.g_blank;
-          if (col == r.label) v += r.g_label;
-          g[e] = live && col < p.V ? v : 0.f;
-        }
-        group[j] = pack2<T>(g[0], g[1]);
-      }
-      // Lane q of the quad gathers block j0 + q: word k of it from lane k.
-      uint32_t u[4];
-      const uint32_t own = select(group, quad_lane);
+    for (int j = 0; j < 4; ++j) group[j] = live ? pack2<T>(g[2 * j], g[2 * j + 1]) : 0u;
+    // Lane q of the quad gathers block j0 + q: word k of it from lane k.
+    uint32_t u[4];
+    const uint32_t own = select(group, quad_lane);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) u[k] = own;
+    for (int k = 0; k < 4; ++k) u[k] = own;
 #pragma unroll
-      for (int k = 1; k < 4; ++k) {
-        const uint32_t recv = __shfl_xor_sync(0xffffffffu, select(group, quad_lane ^ k), k);
+    for (int k = 1; k < 4; ++k) {
+      const uint32_t recv = __shfl_xor_sync(0xffffffffu, select(group, quad_lane ^ k), k);
 #pragma unroll
-        for (int q = 0; q < 4; ++q) u[q] = q == (quad_lane ^ k) ? recv : u[q];
-      }
-      const int col = first_col + 8 * quad_lane;
-      if (r.valid && col < p.logits_width) {
-        T* out = p.d_logits + (block_row0 + row0 + 8 * half) * p.logits_width;
-        *reinterpret_cast<uint4*>(out + col) = make_uint4(u[0], u[1], u[2], u[3]);
-      }
+      for (int q = 0; q < 4; ++q) u[q] = q == (quad_lane ^ k) ? recv : u[q];
+    }
+    const int col = first_col + 8 * quad_lane;
+    if (r.valid && col < p.logits_width) {
+      T* out = p.d_logits + (block_row0 + row0 + 8 * half) * p.logits_width;
+      *reinterpret_cast<uint4*>(out + col) = make_uint4(u[0], u[1], u[2], u[3]);
     }
   }
 }
@@ -347,11 +382,23 @@ struct Pipeline {
 // One vocabulary chunk c of nw columns: per K block, wait until its buffer is full, four k16
 // wgmmas, and once the step before's wgmmas are done, release that step's buffer; then the
 // chunk's epilogue.
-template <typename T, bool kRecompute, int nw>
+template <typename T, bool kRecompute, int nw, bool kTail>
 __device__ __forceinline__ void run_chunk(const Params<T>& p, const Pipeline& pipe, int c,
                                           float (&acc)[kChunk / 2], int lane,
                                           const RowInfo (&rows)[2], int64_t block_row0, int row0,
                                           RowState* st, Pending* pend) {
+  // The chunk's bias for the thread's columns (-inf past the chunk's width), loaded while the
+  // wgmmas run.
+  float bias[kChunk / 4];
+#pragma unroll
+  for (int j = 0; j < kChunk / 8; ++j) {
+    const float2 b =
+        j < nw / 8
+            ? __ldg(reinterpret_cast<const float2*>(p.bias + c * kChunk + 2 * (lane & 3) + 8 * j))
+            : make_float2(kNegInf, kNegInf);
+    bias[2 * j] = b.x;
+    bias[2 * j + 1] = b.y;
+  }
   const int step0 = c * pipe.kblocks;
   for (int kb = 0; kb < pipe.kblocks; ++kb) {
     const int step = step0 + kb, stage = step % kStages;
@@ -373,11 +420,59 @@ __device__ __forceinline__ void run_chunk(const Params<T>& p, const Pipeline& pi
   wgmma_wait<0>();
   fence_registers(acc);
   if (lane == 0) mbarrier_arrive(pipe.empty + 8 * ((step0 + pipe.kblocks - 1) % kStages));
-  capture<T, nw>(acc, c * kChunk, pend);
-  process_part<T, kRecompute, 0>(p, *pend, lane, rows, block_row0, row0, st);
-  process_part<T, kRecompute, 1>(p, *pend, lane, rows, block_row0, row0, st);
-  process_part<T, kRecompute, 2>(p, *pend, lane, rows, block_row0, row0, st);
-  process_part<T, kRecompute, 3>(p, *pend, lane, rows, block_row0, row0, st);
+  if (!kRecompute) {
+    forward_epilogue<T, nw>(p, acc, bias, c * kChunk, lane, rows, st);
+  } else {
+    capture<T, nw>(acc, c * kChunk, pend);
+    recompute_part<T, kTail, 0>(p, *pend, bias, lane, rows, block_row0, row0);
+    recompute_part<T, kTail, 1>(p, *pend, bias, lane, rows, block_row0, row0);
+    recompute_part<T, kTail, 2>(p, *pend, bias, lane, rows, block_row0, row0);
+    recompute_part<T, kTail, 3>(p, *pend, bias, lane, rows, block_row0, row0);
+  }
+}
+
+// Z = act(encoder[b, t] + predictor[b, u]) for the block's rows, into the swizzled tile: thread
+// tid takes 16-byte chunk tid mod 8 of every (kThreads / 8)-th 128-byte line (K block, row), so
+// no index needs a division, with kBatch chunks' loads in flight (the predictor rows come from
+// L2); the activation is a template argument, out of the per-element code.
+template <typename T, bool kRecompute, Activation act>
+__device__ __forceinline__ void form_z(const Params<T>& p, uint8_t* z_tile, const int32_t* enc_row,
+                                       const int32_t* pred_row, int64_t block_row0, int kblocks) {
+  constexpr int kBatch = 8, kLineStep = kThreads / 8;
+  const int lines = kblocks * kRows, chunk = threadIdx.x & 7;
+  for (int l0 = threadIdx.x >> 3; l0 < lines; l0 += kLineStep * kBatch) {
+    uint4 e_bits[kBatch], p_bits[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int l = l0 + k * kLineStep, r = l % kRows, h = (l / kRows) * kKBlock + 8 * chunk;
+      e_bits[k] = p_bits[k] = make_uint4(0, 0, 0, 0);
+      if (l < lines && enc_row[r] >= 0 && h < p.H) {
+        e_bits[k] =
+            *reinterpret_cast<const uint4*>(p.encoder + static_cast<int64_t>(enc_row[r]) * p.H + h);
+        p_bits[k] = *reinterpret_cast<const uint4*>(p.predictor +
+                                                    static_cast<int64_t>(pred_row[r]) * p.H + h);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int l = l0 + k * kLineStep, r = l % kRows, h = (l / kRows) * kKBlock + 8 * chunk;
+      if (l >= lines) break;
+      uint4 bits = make_uint4(0, 0, 0, 0);
+      if (enc_row[r] >= 0 && h < p.H) {
+        const T* ev = reinterpret_cast<const T*>(&e_bits[k]);
+        const T* pv = reinterpret_cast<const T*>(&p_bits[k]);
+        T* zv = reinterpret_cast<T*>(&bits);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          zv[i] = from_float<T>(tile_activate<T>(to_float(ev[i]) + to_float(pv[i]), act));
+        }
+        if (kRecompute) {
+          *reinterpret_cast<uint4*>(p.z_out + (block_row0 + r) * p.z_width + h) = bits;
+        }
+      }
+      *reinterpret_cast<uint4*>(z_tile + l * kRowBytes + ((chunk ^ (r & 7)) << 4)) = bits;
+    }
+  }
 }
 
 template <typename T, bool kRecompute>
@@ -417,60 +512,31 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
   }
   __syncthreads();
 
-  if (tid >= kConsumers) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
-    // The producer: step s's image into buffer s mod kStages once the consumers released the
-    // step kStages before it.
-    if (tid == kConsumers) {
-      for (int step = 0; step < steps; ++step) {
-        const int stage = step % kStages, use = step / kStages;
-        if (use > 0) mbarrier_wait(empty + 8 * stage, (use - 1) & 1);
-        mbarrier_arrive_expect_tx(full + 8 * stage, kStageBytes);
-        bulk_copy(stages_address + stage * kStageBytes,
-                  p.kernel_t + static_cast<int64_t>(step) * (kStageBytes / sizeof(T)), kStageBytes,
-                  full + 8 * stage);
-      }
-    }
-    return;
+  // Step s's image into buffer s mod kStages; the first kStages need no release, so their copies
+  // run while Z forms.
+  const auto issue = [&](int step) {
+    const int stage = step % kStages;
+    mbarrier_arrive_expect_tx(full + 8 * stage, kStageBytes);
+    bulk_copy(stages_address + stage * kStageBytes,
+              p.kernel_t + static_cast<int64_t>(step) * (kStageBytes / sizeof(T)), kStageBytes,
+              full + 8 * stage);
+  };
+  if (tid == kConsumers) {
+    for (int step = 0; step < kStages && step < steps; ++step) issue(step);
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
 
-  // 1. Z in shared memory (and, recomputing, in the tile buffer for the backward GEMMs), the
-  // loads of kBatch chunks in flight per thread.
-  constexpr int kBatch = 8;
-  const int row_chunks = p.Hk / 8, total = kRows * row_chunks;
-  for (int q0 = tid; q0 < total; q0 += kConsumers * kBatch) {
-    uint4 e_bits[kBatch], p_bits[kBatch];
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
-      const int q = q0 + k * kConsumers, r = q / row_chunks, h = 8 * (q - r * row_chunks);
-      e_bits[k] = p_bits[k] = make_uint4(0, 0, 0, 0);
-      if (q < total && enc_row[r] >= 0 && h < p.H) {
-        e_bits[k] =
-            *reinterpret_cast<const uint4*>(p.encoder + static_cast<int64_t>(enc_row[r]) * p.H + h);
-        p_bits[k] = *reinterpret_cast<const uint4*>(p.predictor +
-                                                    static_cast<int64_t>(pred_row[r]) * p.H + h);
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
-      const int q = q0 + k * kConsumers, r = q / row_chunks, c = q - r * row_chunks, h = 8 * c;
-      if (q >= total) break;
-      uint4 bits = make_uint4(0, 0, 0, 0);
-      if (enc_row[r] >= 0 && h < p.H) {
-        const T* ev = reinterpret_cast<const T*>(&e_bits[k]);
-        const T* pv = reinterpret_cast<const T*>(&p_bits[k]);
-        T* zv = reinterpret_cast<T*>(&bits);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          zv[i] = from_float<T>(tile_activate<T>(to_float(ev[i]) + to_float(pv[i]), p.activation));
-        }
-        if (kRecompute) {
-          *reinterpret_cast<uint4*>(p.z_out + (block_row0 + r) * p.z_width + h) = bits;
-        }
-      }
-      *reinterpret_cast<uint4*>(z_tile + (c / 8) * (kRows * kRowBytes) + swizzled(r, c % 8)) = bits;
-    }
+  // 1. Z in shared memory (and, recomputing, in the tile buffer for the backward GEMMs) by all
+  // threads.
+  switch (p.activation) {
+    case Activation::kTanh:
+      form_z<T, kRecompute, Activation::kTanh>(p, z_tile, enc_row, pred_row, block_row0, kblocks);
+      break;
+    case Activation::kRelu:
+      form_z<T, kRecompute, Activation::kRelu>(p, z_tile, enc_row, pred_row, block_row0, kblocks);
+      break;
+    default:
+      form_z<T, kRecompute, Activation::kIdentity>(p, z_tile, enc_row, pred_row, block_row0,
+                                                   kblocks);
   }
   if (kRecompute && tid < kRows && block_row0 + tid < p.rows) {
     // The ones column (its d kernel row is d bias) and zeros up to the buffer's width.
@@ -478,9 +544,22 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
     for (int h = p.H; h < p.z_width; ++h) z[h] = from_float<T>(h == p.H ? 1.f : 0.f);
   }
 
-  // Z visible to the tensor cores of both warpgroups (the producer does not take part).
+  // Z visible to the tensor cores.
   fence_async_shared();
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
+  __syncthreads();
+
+  if (tid >= kConsumers) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
+    // The producer: the other steps, each once the consumers released the step kStages before.
+    if (tid == kConsumers) {
+      for (int step = kStages; step < steps; ++step) {
+        mbarrier_wait(empty + 8 * (step % kStages), (step / kStages - 1) & 1);
+        issue(step);
+      }
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
 
   // 2-3. The chunks.
   const int warpgroup = tid >> 7, warp = (tid >> 5) & 3;
@@ -502,18 +581,21 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
   for (int i = 0; i < kChunk / 2; ++i) acc[i] = 0.f;
   Pending pend;
   for (int c = 0; c < chunks; ++c) {
-#define TF_RNNT_RUN_CHUNK(nw) \
-  run_chunk<T, kRecompute, nw>(p, pipe, c, acc, lane, rows, block_row0, row0, &st, &pend)
-    if (c < full_chunks || tail > 64) {
-      TF_RNNT_RUN_CHUNK(128);
+#define TF_RNNT_RUN_CHUNK(nw, tail_chunk)                                                      \
+  run_chunk<T, kRecompute, nw, tail_chunk>(p, pipe, c, acc, lane, rows, block_row0, row0, &st, \
+                                           &pend)
+    if (c < full_chunks) {
+      TF_RNNT_RUN_CHUNK(128, false);
+    } else if (tail > 64) {
+      TF_RNNT_RUN_CHUNK(128, true);
     } else if (tail > 32) {
-      TF_RNNT_RUN_CHUNK(64);
+      TF_RNNT_RUN_CHUNK(64, true);
     } else if (tail > 16) {
-      TF_RNNT_RUN_CHUNK(32);
+      TF_RNNT_RUN_CHUNK(32, true);
     } else if (tail > 8) {
-      TF_RNNT_RUN_CHUNK(16);
+      TF_RNNT_RUN_CHUNK(16, true);
     } else {
-      TF_RNNT_RUN_CHUNK(8);
+      TF_RNNT_RUN_CHUNK(8, true);
     }
 #undef TF_RNNT_RUN_CHUNK
   }
