@@ -13,7 +13,9 @@
 // Keras mixed-precision Dense layer does); the log-sum-exp and the lattice stay float32.
 // With JointKernel::kFused (joint_fused.h), tiled mode runs the fused tile kernels instead: the
 // forward pass in one launch over all nodes, and per backward tile the recompute with d logits,
-// which replaces the first three steps above.
+// which replaces the first three steps above (and, for a vocabulary ending in a chunk of at most
+// 8 columns, sums those columns' d kernel and d bias on chip: the d kernel GEMM then covers whole
+// chunks).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -92,6 +94,30 @@ template <typename P, int n>
 struct alignas(sizeof(P) * n) Pack {
   P x[n];
 };
+
+// The fused recompute's d kernel / d bias sums of the vocabulary's tail columns [V0, V0 + width),
+// [slots, width, H + 1], added to the padded accumulator in a fixed order. Block (x, j): 32 of
+// the H + 1 entries of column j, each summed over the slots by kTailLanes threads and then in
+// order.
+constexpr int kTailLanes = 32;
+__global__ void tail_grad_kernel(const float* __restrict__ sums, int64_t slots, int width, int H,
+                                 int V0, int Vp, float* __restrict__ padded) {
+  __shared__ float part[kTailLanes][32];
+  const int col = threadIdx.x & 31, lane = threadIdx.x >> 5;
+  const int h = blockIdx.x * 32 + col, j = blockIdx.y;
+  float sum = 0.f;
+  if (h <= H) {
+    for (int64_t k = lane; k < slots; k += kTailLanes) sum += sums[(k * width + j) * (H + 1) + h];
+  }
+  part[lane][col] = sum;
+  __syncthreads();
+  if (lane == 0 && h <= H) {
+    float total = 0.f;
+#pragma unroll
+    for (int l = 0; l < kTailLanes; ++l) total += part[l][col];
+    padded[static_cast<int64_t>(h) * Vp + V0 + j] += total;
+  }
+}
 
 // d kernel (rows < H) and d bias (row H) out of the padded accumulator.
 __global__ void unpad_grad_kernel(const float* __restrict__ padded, int H, int V, int Vp,
@@ -226,8 +252,7 @@ __global__ void logit_grads_kernel(int64_t n0, int64_t rows, const L* logits,
 
 // Frames are grouped in chunks of kChunkRows (aligned to t = 0) for the d encoder / d predictor
 // reductions: d predictor is summed over a chunk's frames in one block, then over chunks.
-// 8 measured about 4% faster on an H200 (benchmarks/results/rnnt_h200.md); 16 is the size the
-// GPU test suite and the sanitizers have covered.
+// With 16 the float32 partial sums move an eighth of the bytes of the 16-bit d hidden they sum.
 constexpr int kChunkRows = 16;
 constexpr int kGradWarps = 8;  // warps per block of hidden_grads_kernel; warp w takes u = w mod 8
 
@@ -288,9 +313,11 @@ __device__ __forceinline__ ChunkRef find_chunk(int x, const TileSpan& span,
 //   d encoder[b, t] += sum_u g(t, u)                    (complete for the tile: block-local)
 //   partial[chunk, u] = sum over the chunk's frames of g  (predictor_grad_kernel adds them up)
 // Block: kGradWarps warps x 32 lanes; lane l takes kVec adjacent h, warp w the u = w mod
-// kGradWarps; blockIdx.y picks the H slice of 32 * kVec columns.
+// kGradWarps; blockIdx.y picks the H slice of 32 * kVec columns. The kernel is bound by memory
+// latency: the encoder values and each warp's d encoder sums live in shared memory, so that few
+// registers a thread (64) let four blocks share an SM.
 template <typename T, int kVec>
-__global__ void __launch_bounds__(32 * kGradWarps, 2)
+__global__ void __launch_bounds__(32 * kGradWarps, 4)
     hidden_grads_kernel(int64_t n0, int64_t rows, TileSpan span, const T* __restrict__ d_hidden,
                         const T* __restrict__ encoder, const T* __restrict__ predictor,
                         const int64_t* __restrict__ offsets,
@@ -299,7 +326,10 @@ __global__ void __launch_bounds__(32 * kGradWarps, 2)
                         Activation activation, float* __restrict__ d_encoder,
                         float* __restrict__ partials) {
   constexpr int R = kChunkRows;
-  __shared__ float encoder_sums[kGradWarps][R][32 * kVec];
+  using Vec = Pack<T, kVec>;  // kVec adjacent columns in one access (h and H are multiples)
+  using Acc = Pack<float, kVec>;
+  __shared__ Acc encoder_sums[kGradWarps][R][32];
+  __shared__ Acc enc[R][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int h = (blockIdx.y * 32 + lane) * kVec;
   const bool active = h < H;
@@ -311,72 +341,83 @@ __global__ void __launch_bounds__(32 * kGradWarps, 2)
   // Tile-relative node of (t_a, u = 0).
   const int64_t rel0 = offsets[b] + static_cast<int64_t>(t_a) * U1_b - n0;
 
-  using Vec = Pack<T, kVec>;  // kVec adjacent columns in one access (h and H are multiples)
-  float e[R][kVec], acc_e[R][kVec];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
+  for (int r = warp; r < R; r += kGradWarps) {
     Vec v{};
     if (active && r >= r_lo && r < r_hi) {
       v = *reinterpret_cast<const Vec*>(encoder + (static_cast<int64_t>(b) * T_max + t_a + r) * H +
                                         h);
     }
+    Acc a;
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      acc_e[r][j] = 0.f;
-      e[r][j] = to_float(v.x[j]);
-    }
+    for (int j = 0; j < kVec; ++j) a.x[j] = to_float(v.x[j]);
+    enc[r][lane] = a;
   }
-  if (active) {
-    for (int u = warp; u < U1_b; u += kGradWarps) {
-      const Vec pv =
-          *reinterpret_cast<const Vec*>(predictor + (static_cast<int64_t>(b) * U1 + u) * H + h);
-      float p[kVec], acc_p[kVec];
+#pragma unroll
+  for (int r = 0; r < R; ++r) encoder_sums[warp][r][lane] = Acc{};
+  __syncthreads();
+
+  // The chunk's d hidden rows of u into dh (rows outside the tile: not loaded, zero).
+  // Row r of u is tile row rel0 + u + r U1_b: in the tile for r in [lo, hi).
+  const int stride = U1_b * Hz;
+  auto load = [&](int u, Vec(&dh)[R], Vec& pv) {
+    pv = *reinterpret_cast<const Vec*>(predictor + (static_cast<int64_t>(b) * U1 + u) * H + h);
+    const int64_t base = rel0 + u;
+    const int lo = base >= 0 ? r_lo : max(r_lo, static_cast<int>((U1_b - 1 - base) / U1_b));
+    const int hi = rows - base <= 0
+                       ? 0
+                       : static_cast<int>(std::min<int64_t>(r_hi, (rows - base + U1_b - 1) / U1_b));
+    const T* row = d_hidden + base * Hz + h;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      dh[r] = Vec{};
+      if (r >= lo && r < hi) dh[r] = *reinterpret_cast<const Vec*>(row + r * stride);
+    }
+  };
+  auto work = [&](int u, const Vec(&dh)[R], const Vec& pv) {
+    float acc_p[kVec];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) acc_p[j] = 0.f;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const Acc e = enc[r][lane];
+      Acc s = encoder_sums[warp][r][lane];
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        p[j] = to_float(pv.x[j]);
-        acc_p[j] = 0.f;
+        const float y = tile_activate<T>(e.x[j] + to_float(pv.x[j]), activation);
+        const float g = to_float(dh[r].x[j]) * activation_grad(y, activation);
+        s.x[j] += g;
+        acc_p[j] += g;
       }
-      // All of the chunk's loads first (R in flight per thread), then the arithmetic.
-      Vec dh[R];
-      bool in_tile[R];
+      encoder_sums[warp][r][lane] = s;
+    }
+    Acc out;
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const int64_t rel = rel0 + static_cast<int64_t>(r) * U1_b + u;
-        in_tile[r] = r >= r_lo && r < r_hi && rel >= 0 && rel < rows;
-        if (in_tile[r]) dh[r] = *reinterpret_cast<const Vec*>(d_hidden + rel * Hz + h);
-      }
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if (!in_tile[r]) continue;
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          const float y = tile_activate<T>(e[r][j] + p[j], activation);
-          const float g = to_float(dh[r].x[j]) * activation_grad(y, activation);
-          acc_e[r][j] += g;
-          acc_p[j] += g;
-        }
-      }
-      Pack<float, kVec> out;
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) out.x[j] = acc_p[j];
-      *reinterpret_cast<Pack<float, kVec>*>(partials + (c.partial_row + u) * H + h) = out;
+    for (int j = 0; j < kVec; ++j) out.x[j] = acc_p[j];
+    *reinterpret_cast<Acc*>(partials + (c.partial_row + u) * H + h) = out;
+  };
+  if (active) {
+    for (int u = warp; u < U1_b; u += kGradWarps) {
+      Vec dh[R], pv;
+      load(u, dh, pv);
+      work(u, dh, pv);
     }
   }
   // d encoder: the warps' sums added in warp order.
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) encoder_sums[warp][r][lane * kVec + j] = acc_e[r][j];
-  }
   __syncthreads();
-  for (int i = threadIdx.x; i < R * 32 * kVec; i += 32 * kGradWarps) {
-    const int r = i / (32 * kVec), col = i % (32 * kVec);
-    const int hc = blockIdx.y * 32 * kVec + col;
+  for (int i = threadIdx.x; i < R * 32; i += 32 * kGradWarps) {
+    const int r = i / 32, l = i % 32;
+    const int hc = (blockIdx.y * 32 + l) * kVec;
     if (r < r_lo || r >= r_hi || hc >= H) continue;
-    float sum = 0.f;
+    Acc sum{};
 #pragma unroll
-    for (int w = 0; w < kGradWarps; ++w) sum += encoder_sums[w][r][col];
-    d_encoder[(static_cast<int64_t>(b) * T_max + t_a + r) * H + hc] += sum;
+    for (int w = 0; w < kGradWarps; ++w) {
+      const Acc part = encoder_sums[w][r][l];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) sum.x[j] += part.x[j];
+    }
+    float* out = d_encoder + (static_cast<int64_t>(b) * T_max + t_a + r) * H + hc;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) out[j] += sum.x[j];
   }
 }
 
@@ -466,6 +507,7 @@ struct JointBuffers {
   T* tile_logits = nullptr;     // tiled: [tile, Vp]
   float* d_kernel = nullptr;    // backward: [Hz, Vp] accumulator, d bias in row H
   float* partials = nullptr;    // backward: a tile's d predictor partial sums
+  float* tail_sums = nullptr;   // tiled backward, 16-bit T: the fused recompute's tail sums
   T* d_hidden = nullptr;        // untiled backward: [N, Hz]
   T* d_logits = nullptr;        // untiled backward, half inputs: [N, Vp]
   T* fused_kernel = nullptr;    // 16-bit T: the fused kernels' output layer
@@ -495,6 +537,8 @@ struct JointBuffers {
       if (untiled) {
         take(d_hidden, tile * Hz);
         if (sizeof(T) != sizeof(float)) take(d_logits, tile * Vp);
+      } else if (sizeof(T) != sizeof(float)) {
+        take(tail_sums, fused::tail_sum_floats(s, static_cast<int64_t>(tile)));
       }
     }
     if (sizeof(T) != sizeof(float)) {
@@ -618,9 +662,16 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
   const T* predictor = static_cast<const T*>(in.predictor);
   bool on_chip = false;
   RETURN_IF_ERROR(use_fused(s, o, untiled, &on_chip));
+  // Vocabulary columns the fused recompute sums on chip, past the d kernel GEMM's V0.
+  const int tail = on_chip ? fused::tail_columns(s) : 0;
+  const int V0 = V - tail;
   if (on_chip) {
     RETURN_IF_ERROR(
         fused::prepare(s, o, in.kernel, in.bias, buf.fused_kernel, buf.fused_bias, stream));
+    if (tail > 0) {
+      RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(
+          buf.tail_sums, 0, sizeof(float) * fused::tail_sum_floats(s, tile), stream)));
+    }
   }
   padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
       static_cast<const T*>(in.kernel), H, V, Hk, Vp, buf.kernel);
@@ -640,7 +691,7 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
       logits = reinterpret_cast<L*>(a.saved_logits);
     } else if (on_chip) {  // z and d logits of the tile, the logits kept on chip
       RETURN_IF_ERROR(fused::recompute(s, o, fused_tile(in, buf, n0, rows), a.lse, a.d_lattice,
-                                       buf.tile_z, Hz, buf.tile_logits, Vp, stream));
+                                       buf.tile_z, Hz, buf.tile_logits, Vp, buf.tail_sums, stream));
       logits = reinterpret_cast<L*>(buf.tile_logits);
       z = buf.tile_z;
     } else {  // recompute the tile (activation checkpointing)
@@ -660,10 +711,10 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
           n0, rows, logits, buf.bias, in.labels, buf.offsets, in.label_lengths, s.B, s.T, s.U1, V,
           Vp, o.blank, a.lse, a.d_lattice, d_logits);
     }
-    // [d kernel; d bias] += [z, 1]^T @ d logits (ordered over tiles).
-    RETURN_IF_ERROR(gemm_row_major(handle, true, false, Hz, Vp, static_cast<int>(rows), z,
-                                   cuda_type<T>(), Hz, d_logits, cuda_type<T>(), Vp, 1.f,
-                                   buf.d_kernel, CUDA_R_32F, Vp, o.allow_tf32));
+    // [d kernel; d bias] += [z, 1]^T @ d logits (ordered over tiles), columns from V0 on chip.
+    RETURN_IF_ERROR(gemm_row_major(
+        handle, true, false, Hz, tail > 0 ? V0 : Vp, static_cast<int>(rows), z, cuda_type<T>(), Hz,
+        d_logits, cuda_type<T>(), Vp, 1.f, buf.d_kernel, CUDA_R_32F, Vp, o.allow_tf32));
     // d hidden = d logits @ Kp^T, over z's buffer in tiled mode (z is not needed any more).
     T* d_hidden = untiled ? buf.d_hidden : buf.tile_z;
     RETURN_IF_ERROR(gemm_row_major(handle, false, true, static_cast<int>(rows), Hk, Vp, d_logits,
@@ -685,6 +736,11 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
                                         s.U1, H, acc.d_predictor);
     }
     RETURN_IF_ERROR(last_launch_status());
+  }
+  if (tail > 0) {
+    const int64_t slots = fused::tail_sum_floats(s, tile) / (static_cast<int64_t>(tail) * (H + 1));
+    tail_grad_kernel<<<dim3((H + 32) / 32, tail), 32 * kTailLanes, 0, stream>>>(
+        buf.tail_sums, slots, tail, H, V0, Vp, buf.d_kernel);
   }
   unpad_grad_kernel<<<blocks_for(static_cast<int64_t>(H + 1) * V, 256), 256, 0, stream>>>(
       buf.d_kernel, H, V, Vp, acc.d_kernel, acc.d_bias);

@@ -16,7 +16,10 @@
 //      cuBLAS path's logits tile and a mixed-precision Dense layer), plus bias, then
 //        forward:   the online log-sum-exp (Milakov & Gimelshein 2018), one rescale per chunk
 //                   and pairwise reductions (the epilogue is latency bound), and the picks,
-//        recompute: d logits = g_blank (1[v = blank] - p_v) + g_label (1[v = label] - p_v).
+//        recompute: d logits = g_blank (1[v = blank] - p_v) + g_label (1[v = label] - p_v);
+//   4. recompute, when the vocabulary ends in a chunk of at most 8 columns (tail_columns): that
+//      chunk's d kernel and d bias columns, [Z, 1]^T d logits over the block's rows, from Z in
+//      shared memory, so that the backward's d kernel GEMM covers whole chunks only.
 // Each row's reductions run in a fixed order (no atomics): results are deterministic.
 #include "joint_fused.h"
 
@@ -146,6 +149,8 @@ struct Params {
   int z_width;
   T* d_logits;
   int logits_width;
+  int tail_width;    // recompute: tail_columns, or 0
+  float* tail_sums;  // recompute: [blocks, tail_width, H + 1], added to
 };
 
 // One row of the block, as a thread of its quad sees it.
@@ -314,7 +319,7 @@ template <typename T, bool kTail, int part>
 __device__ __forceinline__ void recompute_part(const Params<T>& p, const Pending& pend,
                                                const float (&bias)[kChunk / 4], int lane,
                                                const RowInfo (&rows)[2], int64_t block_row0,
-                                               int row0) {
+                                               int row0, uint32_t (&tail_words)[2][4]) {
   constexpr int j0 = 4 * part;
   if (j0 >= pend.blocks) return;  // uniform over the block
   const int quad_lane = lane & 3, lane_col = pend.c0 + 8 * j0 + quad_lane * 2;
@@ -364,6 +369,10 @@ __device__ __forceinline__ void recompute_part(const Params<T>& p, const Pending
       for (int q = 0; q < 4; ++q) u[q] = q == (quad_lane ^ k) ? recv : u[q];
     }
     const int col = first_col + 8 * quad_lane;
+    if (kTail && part == 0) {  // lane 0 of the quad: the chunk's first 8 columns (tail_sums)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) tail_words[half][k] = u[k];
+    }
     if (r.valid && col < p.logits_width) {
       T* out = p.d_logits + (block_row0 + row0 + 8 * half) * p.logits_width;
       *reinterpret_cast<uint4*>(out + col) = make_uint4(u[0], u[1], u[2], u[3]);
@@ -386,7 +395,8 @@ template <typename T, bool kRecompute, int nw, bool kTail>
 __device__ __forceinline__ void run_chunk(const Params<T>& p, const Pipeline& pipe, int c,
                                           float (&acc)[kChunk / 2], int lane,
                                           const RowInfo (&rows)[2], int64_t block_row0, int row0,
-                                          RowState* st, Pending* pend) {
+                                          RowState* st, Pending* pend,
+                                          uint32_t (&tail_words)[2][4]) {
   // The chunk's bias for the thread's columns (-inf past the chunk's width), loaded while the
   // wgmmas run.
   float bias[kChunk / 4];
@@ -424,10 +434,10 @@ __device__ __forceinline__ void run_chunk(const Params<T>& p, const Pipeline& pi
     forward_epilogue<T, nw>(p, acc, bias, c * kChunk, lane, rows, st);
   } else {
     capture<T, nw>(acc, c * kChunk, pend);
-    recompute_part<T, kTail, 0>(p, *pend, bias, lane, rows, block_row0, row0);
-    recompute_part<T, kTail, 1>(p, *pend, bias, lane, rows, block_row0, row0);
-    recompute_part<T, kTail, 2>(p, *pend, bias, lane, rows, block_row0, row0);
-    recompute_part<T, kTail, 3>(p, *pend, bias, lane, rows, block_row0, row0);
+    recompute_part<T, kTail, 0>(p, *pend, bias, lane, rows, block_row0, row0, tail_words);
+    recompute_part<T, kTail, 1>(p, *pend, bias, lane, rows, block_row0, row0, tail_words);
+    recompute_part<T, kTail, 2>(p, *pend, bias, lane, rows, block_row0, row0, tail_words);
+    recompute_part<T, kTail, 3>(p, *pend, bias, lane, rows, block_row0, row0, tail_words);
   }
 }
 
@@ -472,6 +482,75 @@ __device__ __forceinline__ void form_z(const Params<T>& p, uint8_t* z_tile, cons
       }
       *reinterpret_cast<uint4*>(z_tile + l * kRowBytes + ((chunk ^ (r & 7)) << 4)) = bits;
     }
+  }
+}
+
+// Step 4 splits the block's rows into tail_groups(H) groups (rows g, g + groups, ...) of H / 8
+// threads, each thread a 16-byte chunk of Z's rows: at most kTailThreads of the consumers; the
+// next kWidth threads sum the d bias columns.
+constexpr int kTailThreads = 240;
+__host__ __device__ __forceinline__ int tail_groups(int H) {
+  const int groups = kTailThreads / (H / 8);
+  return groups < kRows ? groups : kRows;
+}
+
+// Step 4: tail_sums[block, g, j, h] += sum over the rows r of group g of Z[r, h] d logits[r, V0 +
+// j] (and, at h = H in group 0, of d logits[r, V0 + j]: d bias), V0 the tail chunk's first column,
+// in row order. tail_words: the quad's lane 0 holds its two rows' d logits of columns V0 .. V0 + 7
+// (rounded to T, as the GEMMs read them). The stage buffers, idle once both warpgroups' wgmmas
+// are done, hold them as float32.
+template <typename T, int kWidth>
+__device__ __forceinline__ void sum_tail_columns(const Params<T>& p,
+                                                 const uint32_t (&tail_words)[2][4], int lane,
+                                                 int row0, const uint8_t* z_tile, uint8_t* stages) {
+  float* const d_tail = reinterpret_cast<float*>(stages);  // [kRows][8]
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
+  if ((lane & 3) == 0) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 v = unpack2<T>(tail_words[half][k]);
+        d_tail[(row0 + 8 * half) * 8 + 2 * k] = v.x;
+        d_tail[(row0 + 8 * half) * 8 + 2 * k + 1] = v.y;
+      }
+    }
+  }
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
+  const int chunks = p.H / 8, groups = tail_groups(p.H), tid = threadIdx.x;
+  float* const block_sums =
+      p.tail_sums + static_cast<int64_t>(blockIdx.x) * groups * kWidth * (p.H + 1);
+  if (tid < groups * chunks) {
+    const int g = tid / chunks, k = tid % chunks;
+    // Chunk k of a row: 16-byte chunk k mod 8 of K block k / 8.
+    const uint8_t* column = z_tile + (k / 8) * (kRows * kRowBytes);
+    float sum[kWidth][8];
+#pragma unroll
+    for (int j = 0; j < kWidth; ++j) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum[j][e] = 0.f;
+    }
+    for (int r = g; r < kRows; r += groups) {
+      const uint4 bits = *reinterpret_cast<const uint4*>(column + swizzled(r, k % 8));
+      const T* z = reinterpret_cast<const T*>(&bits);
+#pragma unroll
+      for (int j = 0; j < kWidth; ++j) {
+        const float d = d_tail[r * 8 + j];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sum[j][e] = fmaf(to_float(z[e]), d, sum[j][e]);
+      }
+    }
+    float* out = block_sums + g * kWidth * (p.H + 1) + 8 * k;
+#pragma unroll
+    for (int j = 0; j < kWidth; ++j) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) out[j * (p.H + 1) + e] += sum[j][e];
+    }
+  } else if (tid >= kTailThreads && tid < kTailThreads + kWidth) {
+    const int j = tid - kTailThreads;
+    float sum = 0.f;
+    for (int r = 0; r < kRows; ++r) sum += d_tail[r * 8 + j];
+    block_sums[j * (p.H + 1) + p.H] += sum;
   }
 }
 
@@ -580,10 +659,11 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
 #pragma unroll
   for (int i = 0; i < kChunk / 2; ++i) acc[i] = 0.f;
   Pending pend;
+  uint32_t tail_words[2][4] = {};
   for (int c = 0; c < chunks; ++c) {
 #define TF_RNNT_RUN_CHUNK(nw, tail_chunk)                                                      \
   run_chunk<T, kRecompute, nw, tail_chunk>(p, pipe, c, acc, lane, rows, block_row0, row0, &st, \
-                                           &pend)
+                                           &pend, tail_words)
     if (c < full_chunks) {
       TF_RNNT_RUN_CHUNK(128, false);
     } else if (tail > 64) {
@@ -598,6 +678,23 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
       TF_RNNT_RUN_CHUNK(8, true);
     }
 #undef TF_RNNT_RUN_CHUNK
+  }
+  if (kRecompute && p.tail_width > 0) {
+    switch (p.tail_width) {
+#define TF_RNNT_TAIL_SUMS(n)                                           \
+  case n:                                                              \
+    sum_tail_columns<T, n>(p, tail_words, lane, row0, z_tile, stages); \
+    break;
+      TF_RNNT_TAIL_SUMS(1)
+      TF_RNNT_TAIL_SUMS(2)
+      TF_RNNT_TAIL_SUMS(3)
+      TF_RNNT_TAIL_SUMS(4)
+      TF_RNNT_TAIL_SUMS(5)
+      TF_RNNT_TAIL_SUMS(6)
+      TF_RNNT_TAIL_SUMS(7)
+      TF_RNNT_TAIL_SUMS(8)
+#undef TF_RNNT_TAIL_SUMS
+    }
   }
 
   if (!kRecompute) {
@@ -728,6 +825,17 @@ int64_t prepared_kernel_elements(const JointShape& s) {
 
 int64_t prepared_bias_elements(const JointShape& s) { return vocab_extent(s); }
 
+int tail_columns(const JointShape& s) {
+  const int tail = s.V % kChunk;
+  return s.V > kChunk && tail <= 8 ? tail : 0;
+}
+
+int64_t tail_sum_floats(const JointShape& s, int64_t tile) {
+  const int columns = tail_columns(s);
+  if (columns == 0) return 0;
+  return (tile + kRows - 1) / kRows * tail_groups(s.H) * columns * (s.H + 1);
+}
+
 Status prepare(const JointShape& s, const JointOptions& o, const void* kernel, const void* bias,
                void* prepared_kernel, float* prepared_bias, cudaStream_t stream) {
   return dispatch_half(o.dtype, [&](auto tag) {
@@ -753,9 +861,12 @@ Status forward(const JointShape& s, const JointOptions& o, const Tile& tile, flo
 
 Status recompute(const JointShape& s, const JointOptions& o, const Tile& tile, const float* lse,
                  const float* d_lattice, void* z_out, int z_width, void* d_logits, int logits_width,
-                 cudaStream_t stream) {
+                 float* tail_sums_out, cudaStream_t stream) {
   if (z_width < s.H + 1 || logits_width < s.V || logits_width % 8 != 0) {
     return invalid("fused recompute: tile buffers narrower than the joint");
+  }
+  if (tail_columns(s) > 0 && tail_sums_out == nullptr) {
+    return invalid("fused recompute: no buffer for the tail columns' sums");
   }
   return dispatch_half(o.dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -766,6 +877,8 @@ Status recompute(const JointShape& s, const JointOptions& o, const Tile& tile, c
     p.z_width = z_width;
     p.d_logits = static_cast<T*>(d_logits);
     p.logits_width = logits_width;
+    p.tail_width = tail_columns(s);
+    p.tail_sums = tail_sums_out;
     return launch<T, true>(s, o, tile, p, stream);
   });
 }
