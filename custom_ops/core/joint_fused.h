@@ -30,8 +30,8 @@ int64_t prepared_bias_elements(const JointShape& shape);
 // chip, so that the backward's d kernel GEMM can cover whole chunks: cuBLAS takes about 1.5x as
 // long for [648, 1032] as for [648, 1024] (benchmarks/results/rnnt_h200_fused.md).
 int tail_columns(const JointShape& shape);
-// Floats of those sums for tiles of at most `tile` nodes: [slots, tail_columns, H + 1], a few
-// slots per block of 128 nodes, the last of H + 1 being d bias.
+// Floats of those sums for tiles of at most `tile` nodes: [blocks of 128 nodes, tail_columns,
+// H + 1], the last of H + 1 being d bias.
 int64_t tail_sum_floats(const JointShape& shape, int64_t tile);
 
 // The output layer in the fused kernels' layout.
@@ -57,8 +57,7 @@ Status forward(const JointShape& shape, const JointOptions& options, const Tile&
 // d logits [rows, logits width] (dtype, zero padding columns) and the joint values
 // [rows, hidden width] (dtype: H activations, a ones column, zeros), as joint_cuda.cu lays out
 // its tile buffers; with tail_columns > 0, the tail columns' [z, 1]^T d logits added to
-// tail_sums (tail_sum_floats; a block of the tile adds to the same slots in every tile, in
-// order).
+// tail_sums (tail_sum_floats; block k of every tile adds to slot k, in tile order).
 Status recompute(const JointShape& shape, const JointOptions& options, const Tile& tile,
                  const float* lse, const float* d_lattice, void* z_out, int z_width, void* d_logits,
                  int logits_width, float* tail_sums, cudaStream_t stream);

@@ -494,32 +494,38 @@ __host__ __device__ __forceinline__ int tail_groups(int H) {
   return groups < kRows ? groups : kRows;
 }
 
-// Step 4: tail_sums[block, g, j, h] += sum over the rows r of group g of Z[r, h] d logits[r, V0 +
-// j] (and, at h = H in group 0, of d logits[r, V0 + j]: d bias), V0 the tail chunk's first column,
-// in row order. tail_words: the quad's lane 0 holds its two rows' d logits of columns V0 .. V0 + 7
-// (rounded to T, as the GEMMs read them). The stage buffers, idle once both warpgroups' wgmmas
-// are done, hold them as float32.
+// Step 4: tail_sums[block, j, h] += sum over the block's rows r of Z[r, h] d logits[r, V0 + j]
+// (Z[r, H] = 1: d bias), V0 the tail chunk's first column; per group in row order, then over the
+// groups in order. tail_words: the quad's lane 0 holds its two rows' d logits of columns
+// V0 .. V0 + 7 (rounded to T, as the GEMMs read them). The stage buffers, idle once both
+// warpgroups' wgmmas are done, hold them and the groups' sums (2 KB + at most 1928 x 8 floats).
 template <typename T, int kWidth>
 __device__ __forceinline__ void sum_tail_columns(const Params<T>& p,
                                                  const uint32_t (&tail_words)[2][4], int lane,
                                                  int row0, const uint8_t* z_tile, uint8_t* stages) {
-  float* const d_tail = reinterpret_cast<float*>(stages);  // [kRows][8]
+  T* const d_tail = reinterpret_cast<T*>(stages);  // [kRows][8]
+  float* const group_sums = reinterpret_cast<float*>(stages + kRows * 8 * sizeof(T));
+  const int tid = threadIdx.x, H1 = p.H + 1, entries = kWidth * H1;
+  const int chunks = p.H / 8, groups = tail_groups(p.H);
+  float* const bias_sums = group_sums + groups * kWidth * p.H;
+  // This thread's entries of the block's slot: their old values load while the sums are formed.
+  constexpr int kPerThread = (kWidth * (kMaxH + 1) + kConsumers - 1) / kConsumers;
+  float* const slot = p.tail_sums + static_cast<int64_t>(blockIdx.x) * entries;
+  float old[kPerThread];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int e = tid + i * kConsumers;
+    old[i] = e < entries ? slot[e] : 0.f;
+  }
   asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
   if ((lane & 3) == 0) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float2 v = unpack2<T>(tail_words[half][k]);
-        d_tail[(row0 + 8 * half) * 8 + 2 * k] = v.x;
-        d_tail[(row0 + 8 * half) * 8 + 2 * k + 1] = v.y;
-      }
+      *reinterpret_cast<uint4*>(d_tail + (row0 + 8 * half) * 8) = make_uint4(
+          tail_words[half][0], tail_words[half][1], tail_words[half][2], tail_words[half][3]);
     }
   }
   asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
-  const int chunks = p.H / 8, groups = tail_groups(p.H), tid = threadIdx.x;
-  float* const block_sums =
-      p.tail_sums + static_cast<int64_t>(blockIdx.x) * groups * kWidth * (p.H + 1);
   if (tid < groups * chunks) {
     const int g = tid / chunks, k = tid % chunks;
     // Chunk k of a row: 16-byte chunk k mod 8 of K block k / 8.
@@ -530,27 +536,42 @@ __device__ __forceinline__ void sum_tail_columns(const Params<T>& p,
 #pragma unroll
       for (int e = 0; e < 8; ++e) sum[j][e] = 0.f;
     }
+#pragma unroll 4
     for (int r = g; r < kRows; r += groups) {
       const uint4 bits = *reinterpret_cast<const uint4*>(column + swizzled(r, k % 8));
       const T* z = reinterpret_cast<const T*>(&bits);
 #pragma unroll
       for (int j = 0; j < kWidth; ++j) {
-        const float d = d_tail[r * 8 + j];
+        const float d = to_float(d_tail[r * 8 + j]);
 #pragma unroll
         for (int e = 0; e < 8; ++e) sum[j][e] = fmaf(to_float(z[e]), d, sum[j][e]);
       }
     }
-    float* out = block_sums + g * kWidth * (p.H + 1) + 8 * k;
 #pragma unroll
     for (int j = 0; j < kWidth; ++j) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) out[j * (p.H + 1) + e] += sum[j][e];
+      float4* out = reinterpret_cast<float4*>(group_sums + (g * kWidth + j) * p.H + 8 * k);
+      out[0] = make_float4(sum[j][0], sum[j][1], sum[j][2], sum[j][3]);
+      out[1] = make_float4(sum[j][4], sum[j][5], sum[j][6], sum[j][7]);
     }
   } else if (tid >= kTailThreads && tid < kTailThreads + kWidth) {
     const int j = tid - kTailThreads;
     float sum = 0.f;
-    for (int r = 0; r < kRows; ++r) sum += d_tail[r * 8 + j];
-    block_sums[j * (p.H + 1) + p.H] += sum;
+    for (int r = 0; r < kRows; ++r) sum += to_float(d_tail[r * 8 + j]);
+    bias_sums[j] = sum;
+  }
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int e = tid + i * kConsumers;
+    if (e >= entries) break;
+    const int j = e / H1, h = e % H1;
+    float sum = 0.f;
+    if (h < p.H) {
+      for (int g = 0; g < groups; ++g) sum += group_sums[(g * kWidth + j) * p.H + h];
+    } else {
+      sum = bias_sums[j];
+    }
+    slot[e] = old[i] + sum;
   }
 }
 
@@ -833,7 +854,7 @@ int tail_columns(const JointShape& s) {
 int64_t tail_sum_floats(const JointShape& s, int64_t tile) {
   const int columns = tail_columns(s);
   if (columns == 0) return 0;
-  return (tile + kRows - 1) / kRows * tail_groups(s.H) * columns * (s.H + 1);
+  return (tile + kRows - 1) / kRows * columns * (s.H + 1);
 }
 
 Status prepare(const JointShape& s, const JointOptions& o, const void* kernel, const void* bias,
