@@ -339,7 +339,8 @@ def test_joint_lattice_half_precision(dtype, device):
 # and bitwise the same run to run. The two paths round d logits to the dtype from float32 values
 # a few float32 ulp apart (exp2 against expf), so a d logit can land one half-precision ulp away
 # and the gradients differ by up to 2 unit roundoffs. 600 nodes: several blocks of 128; V = 131
-# and 140: tails of 3 and 12 columns past the chunks of 128 (chunk widths 8 and 16).
+# and 140: tails of 3 and 12 columns past the chunks of 128 (chunk widths 8 and 16; the recompute
+# sums the first one's d kernel and d bias columns itself).
 @pytest.mark.gpu
 @pytest.mark.parametrize("options", [dict(), dict(fastemit_lambda=0.01), dict(clamp=0.1)],
                          ids=["plain", "fastemit", "clamp"])
