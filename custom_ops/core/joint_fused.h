@@ -27,7 +27,7 @@ int64_t prepared_bias_elements(const JointShape& shape);
 
 // Vocabulary columns past the last whole chunk of 128 when there are at most 8 of them (say a
 // blank appended to 2^k labels), else 0. The recompute sums their d kernel and d bias columns on
-// chip, so that the backward's d kernel GEMM can cover whole chunks: cuBLAS takes about 1.5x as
+// chip, so that the backward's d kernel GEMM can cover whole chunks: cuBLAS takes about 1.6x as
 // long for [648, 1032] as for [648, 1024] (benchmarks/results/rnnt_h200_fused.md).
 int tail_columns(const JointShape& shape);
 // Floats of those sums for tiles of at most `tile` nodes: [blocks of 128 nodes, tail_columns,
