@@ -7,6 +7,8 @@
 // Exit status 0 when every case that ran passed (a missing GPU is reported as skipped, not as
 // passed); 1 otherwise. TF_RNNT_CORE_TEST_REQUIRE_GPU=1 makes a skipped GPU half a failure, and
 // TF_RNNT_CORE_TEST_REQUIRE_FUSED=1 (for a Hopper GPU) a skipped fused-kernel case.
+// TF_RNNT_CORE_TEST_FUSED_ONLY=1 runs only the GPU's fused-kernel cases (say under
+// compute-sanitizer, whose initcheck does not see what cuBLAS writes).
 #include "core_test.h"
 
 #include "tf_rnnt/dtype_cpu.h"
@@ -319,6 +321,11 @@ struct Report {
   int passed = 0, failed = 0, fused_skipped = 0;
 };
 
+bool fused_only() {
+  const char* v = std::getenv("TF_RNNT_CORE_TEST_FUSED_ONLY");
+  return v && std::string(v) == "1";
+}
+
 bool close(const char* what, const std::string& where, const std::vector<float>& got,
            const std::vector<double>& want, double rtol, double atol) {
   if (got.size() != want.size()) {
@@ -493,12 +500,108 @@ float round_to(float x, DType dtype) {
   return x;
 }
 
+// A joint case with random inputs rounded to dtype (uniform in [-1, 1], the kernel scaled by
+// 4 / sqrt(H)), B = logit_lengths.size() samples of at most T frames and U labels.
+JointCase half_case(std::mt19937* rng, DType dtype, int H, int V, Activation act, bool blank_last,
+                    int T, int U, const std::vector<int32_t>& logit_lengths,
+                    const std::vector<int32_t>& label_lengths) {
+  const int B = static_cast<int>(logit_lengths.size());
+  JointCase c;
+  c.shape = JointShape{B, T, U + 1, H, V};
+  c.options.blank = blank_last ? V - 1 : 0;
+  c.options.activation = act;
+  c.options.dtype = dtype;
+  const float scale = 4.f / std::sqrt(static_cast<float>(H));
+  c.encoder = uniform(rng, static_cast<size_t>(B) * T * H, -1, 1);
+  c.predictor = uniform(rng, static_cast<size_t>(B) * (U + 1) * H, -1, 1);
+  c.kernel = uniform(rng, static_cast<size_t>(H) * V, -scale, scale);
+  c.bias = uniform(rng, V, -0.5f, 0.5f);
+  for (std::vector<float>* v : {&c.encoder, &c.predictor, &c.kernel, &c.bias}) {
+    for (float& x : *v) x = round_to(x, dtype);
+  }
+  c.labels = random_labels(rng, B, U, V, c.options.blank);
+  c.logit_lengths = logit_lengths;
+  c.label_lengths = label_lengths;
+  return c;
+}
+
+// Case c on the fused tile kernels and on the cuBLAS path, for each tile size, against the float64
+// reference (on the rounded inputs); with the last tile size also against each other and run to
+// run bitwise.
+void check_joint_half(Backend* be, Report* report, std::mt19937* rng, const JointCase& c,
+                      const std::vector<int64_t>& tiles, const char* what) {
+  const double tol = c.options.dtype == DType::kBFloat16 ? 1e-2 : 2e-3;
+  const JointShape& sh = c.shape;
+  const std::vector<float> d_lattice =
+      uniform(rng, static_cast<size_t>(sh.B) * sh.T * sh.U1 * 2, -1, 1);
+  std::vector<double> lattice64, d_enc, d_pred, d_kernel, d_bias;
+  joint_reference(c, d_lattice, &lattice64, &d_enc, &d_pred, &d_kernel, &d_bias);
+  char tag[200];
+  std::snprintf(tag, sizeof(tag), "joint %s %s H=%d V=%d blank=%d%s", be->name(),
+                c.options.dtype == DType::kBFloat16 ? "bfloat16" : "float16", sh.H, sh.V,
+                c.options.blank, what);
+  const char* why = be->fused_unavailable(c);
+  if (why) {
+    std::printf("  SKIPPED fused %s: %s\n", tag, why);
+    report->fused_skipped += 1;
+  }
+  JointResult results[2];
+  bool ran[2] = {false, false};
+  for (int k = 0; k < 2; ++k) {
+    const JointKernel kernel = k == 0 ? JointKernel::kCublas : JointKernel::kFused;
+    if ((kernel == JointKernel::kFused && why) ||
+        (kernel == JointKernel::kCublas && fused_only())) {
+      continue;
+    }
+    JointCase ck = c;
+    ck.options.kernel = kernel;
+    for (int64_t tile : tiles) {
+      const std::string name =
+          std::string(tag) + (k == 0 ? " cublas" : " fused") + " tile=" + std::to_string(tile);
+      JointResult r;
+      const Status st = be->joint(ck, tile, d_lattice, &r);
+      if (!st.ok()) std::printf("    status %d: %s\n", static_cast<int>(st.code), st.message);
+      bool ok = st.ok() && close_norm("lattice", name, r.lattice, lattice64, tol) &&
+                close_norm("d_encoder", name, r.d_encoder, d_enc, tol) &&
+                close_norm("d_predictor", name, r.d_predictor, d_pred, tol) &&
+                close_norm("d_kernel", name, r.d_kernel, d_kernel, tol) &&
+                close_norm("d_bias", name, r.d_bias, d_bias, tol);
+      if (ok && tile == tiles.back()) {
+        JointResult again;
+        const Status st2 = be->joint(ck, tile, d_lattice, &again);
+        ok = st2.ok() && joint_values(again) == joint_values(r);
+        if (!ok) std::printf("    FAIL %s: a second run differs\n", name.c_str());
+        results[k] = r;
+        ran[k] = true;
+      }
+      record(report, name, ok);
+    }
+  }
+  if (ran[0] && ran[1]) {  // the same rounding points: closer to each other than to float64
+    const std::string name = std::string(tag) + " fused vs cublas";
+    const char* names[] = {"lattice", "lse", "d_encoder", "d_predictor", "d_kernel", "d_bias"};
+    const std::vector<float>* fused_out[] = {&results[1].lattice,   &results[1].lse,
+                                             &results[1].d_encoder, &results[1].d_predictor,
+                                             &results[1].d_kernel,  &results[1].d_bias};
+    const std::vector<float>* cublas_out[] = {&results[0].lattice,   &results[0].lse,
+                                              &results[0].d_encoder, &results[0].d_predictor,
+                                              &results[0].d_kernel,  &results[0].d_bias};
+    bool ok = true;
+    for (int i = 0; i < 6 && ok; ++i) {
+      ok = close_norm(names[i], name, *fused_out[i], to_double(*cublas_out[i]), tol / 4);
+    }
+    record(report, name, ok);
+  }
+}
+
 // The joint in 16-bit dtypes on the GPU: the fused tile kernels and the cuBLAS path, each against
 // the float64 reference (on the rounded inputs), against each other, and run to run bitwise.
 // Shapes: several blocks of 128 nodes (the last one partial), a sample with no labels and one of
 // one frame; H below, at and above one K block of 64; V with vocabulary chunks of 128 and tails of
 // 24, 12, 44, 1, 5 and 0 columns (chunk widths 32, 16, 64, 8 and 128; the fused recompute sums
-// the d kernel of tails of 1 and 5 columns on chip, the second holding labels).
+// the d kernel of tails of 1 and 5 columns on chip, the second holding labels). Then a lattice of
+// several waves of the fused recompute (a block of 128 nodes per SM), whose tiles it cuts to
+// whole waves.
 void test_joint_half(Backend* be, Report* report) {
   std::mt19937 rng(3);
   struct HV {
@@ -511,98 +614,44 @@ void test_joint_half(Backend* be, Report* report) {
                        {48, 133, Activation::kRelu, false}, {136, 256, Activation::kTanh, true},
                        {640, 1025, Activation::kTanh, true}};
   for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
-    const char* dtype_name = dtype == DType::kBFloat16 ? "bfloat16" : "float16";
-    const double tol = dtype == DType::kBFloat16 ? 1e-2 : 2e-3;
     for (const HV& hv : shapes) {
-      JointCase c;
-      c.shape = JointShape{4, 20, 9, hv.H, hv.V};
-      c.options.blank = hv.blank_last ? hv.V - 1 : 0;
-      c.options.activation = hv.act;
-      c.options.dtype = dtype;
-      const size_t B = 4, T = 20, U1 = 9;
-      const float scale = 4.f / std::sqrt(static_cast<float>(hv.H));
-      c.encoder = uniform(&rng, B * T * hv.H, -1, 1);
-      c.predictor = uniform(&rng, B * U1 * hv.H, -1, 1);
-      c.kernel = uniform(&rng, static_cast<size_t>(hv.H) * hv.V, -scale, scale);
-      c.bias = uniform(&rng, hv.V, -0.5f, 0.5f);
-      for (std::vector<float>* v : {&c.encoder, &c.predictor, &c.kernel, &c.bias}) {
-        for (float& x : *v) x = round_to(x, dtype);
-      }
-      c.labels = random_labels(&rng, 4, 8, hv.V, c.options.blank);
-      c.logit_lengths = {20, 13, 1, 17};  // 386 nodes: 4 blocks of 128, the last with 2
-      c.label_lengths = {8, 3, 0, 8};
-      const std::vector<float> d_lattice = uniform(&rng, B * T * U1 * 2, -1, 1);
-      std::vector<double> lattice64, d_enc, d_pred, d_kernel, d_bias;
-      joint_reference(c, d_lattice, &lattice64, &d_enc, &d_pred, &d_kernel, &d_bias);
-      char tag[160];
-      std::snprintf(tag, sizeof(tag), "joint %s %s H=%d V=%d blank=%d", be->name(), dtype_name,
-                    hv.H, hv.V, c.options.blank);
-      const char* why = be->fused_unavailable(c);
-      if (why) {
-        std::printf("  SKIPPED fused %s: %s\n", tag, why);
-        report->fused_skipped += 1;
-      }
-      JointResult results[2];
-      bool ran[2] = {false, false};
-      for (int k = 0; k < 2; ++k) {
-        const JointKernel kernel = k == 0 ? JointKernel::kCublas : JointKernel::kFused;
-        if (kernel == JointKernel::kFused && why) continue;
-        c.options.kernel = kernel;
-        // Tiles of 100 nodes (a tile ends inside a block of 128 and inside a sample) and of all.
-        for (int64_t tile : {100, 1000}) {
-          const std::string name =
-              std::string(tag) + (k == 0 ? " cublas" : " fused") + " tile=" + std::to_string(tile);
-          JointResult r;
-          const Status st = be->joint(c, tile, d_lattice, &r);
-          if (!st.ok()) std::printf("    status %d: %s\n", static_cast<int>(st.code), st.message);
-          bool ok = st.ok() && close_norm("lattice", name, r.lattice, lattice64, tol) &&
-                    close_norm("d_encoder", name, r.d_encoder, d_enc, tol) &&
-                    close_norm("d_predictor", name, r.d_predictor, d_pred, tol) &&
-                    close_norm("d_kernel", name, r.d_kernel, d_kernel, tol) &&
-                    close_norm("d_bias", name, r.d_bias, d_bias, tol);
-          if (ok && tile == 1000) {
-            JointResult again;
-            const Status st2 = be->joint(c, tile, d_lattice, &again);
-            ok = st2.ok() && joint_values(again) == joint_values(r);
-            if (!ok) std::printf("    FAIL %s: a second run differs\n", name.c_str());
-            results[k] = r;
-            ran[k] = true;
-          }
-          record(report, name, ok);
-        }
-      }
-      if (ran[0] && ran[1]) {  // the same rounding points: closer to each other than to float64
-        const std::string name = std::string(tag) + " fused vs cublas";
-        const char* names[] = {"lattice", "lse", "d_encoder", "d_predictor", "d_kernel", "d_bias"};
-        const std::vector<float>* fused_out[] = {&results[1].lattice,   &results[1].lse,
-                                                 &results[1].d_encoder, &results[1].d_predictor,
-                                                 &results[1].d_kernel,  &results[1].d_bias};
-        const std::vector<float>* cublas_out[] = {&results[0].lattice,   &results[0].lse,
-                                                  &results[0].d_encoder, &results[0].d_predictor,
-                                                  &results[0].d_kernel,  &results[0].d_bias};
-        bool ok = true;
-        for (int i = 0; i < 6 && ok; ++i) {
-          ok = close_norm(names[i], name, *fused_out[i], to_double(*cublas_out[i]), tol / 4);
-        }
-        record(report, name, ok);
-      }
+      // 386 nodes: 4 blocks of 128, the last with 2. Tiles of 100 nodes (a tile ends inside a
+      // block of 128 and inside a sample) and of all.
+      const JointCase c = half_case(&rng, dtype, hv.H, hv.V, hv.act, hv.blank_last, 20, 8,
+                                    {20, 13, 1, 17}, {8, 3, 0, 8});
+      check_joint_half(be, report, &rng, c, {100, 1000}, "");
     }
   }
+  // 8 samples of 99-120 frames and 24-31 labels: 25,092 nodes. Tiles of up to 20,000 nodes, at
+  // least one wave on a GPU of up to 156 SMs: the fused backward steps by whole waves.
+  std::vector<int32_t> frames, labels;
+  for (int b = 0; b < 8; ++b) {
+    frames.push_back(120 - 3 * b);
+    labels.push_back(31 - b);
+  }
+  const JointCase waves =
+      half_case(&rng, DType::kBFloat16, 64, 129, Activation::kTanh, true, 120, 31, frames, labels);
+  check_joint_half(be, report, &rng, waves, {20000}, " (waves)");
   // float32 has no fused kernel: asking for it is an error, not a silent fallback.
   JointCase c = make_joint_case(&rng, 16, 24, Activation::kTanh, 0);
   c.options.kernel = JointKernel::kFused;
   JointResult r;
   const std::vector<float> d_lattice = uniform(&rng, 3 * 5 * 4 * 2, -1, 1);
-  if (std::string(be->name()) == "gpu") {
+  if (std::string(be->name()) == "gpu" && !fused_only()) {
     record(report, "joint gpu float32 kernel=fused is refused",
            be->joint(c, 1000, d_lattice, &r).code == StatusCode::kInvalidArgument);
   }
 }
 
 void run_all(Backend* be, Report* report) {
+  const bool gpu = std::string(be->name()) == "gpu";
+  if (fused_only()) {
+    if (gpu) test_joint_half(be, report);
+    return;
+  }
   test_lattice_ops(be, report);
   test_joint(be, report);
-  if (std::string(be->name()) == "gpu") test_joint_half(be, report);
+  if (gpu) test_joint_half(be, report);
 }
 
 }  // namespace

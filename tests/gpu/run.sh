@@ -17,7 +17,7 @@
 #   xla         tests/gpu/xla_gpu_check.py: each op under XLA (jit_compile) against no XLA, and a
 #               Keras model trained with jit_compile=True
 #   sanitize    compute-sanitizer memcheck, racecheck and initcheck on tests/gpu/sanitizer_case.py,
-#               and memcheck on the core test
+#               memcheck on the core test, and all three on its fused-kernel cases
 #   bench       benchmarks/bench_rnnt.py --suite all (results in $OUT/bench.md)
 #   profile     per-kernel times (Nsight Compute) of one tiled step, for $PROFILE_DTYPES
 #               (default "float32 bfloat16")
@@ -108,6 +108,15 @@ for step in "$@"; do
           --kernel-name kns=tf_rnnt --error-exitcode 9 build/tests/core_test \
           > "$OUT/sanitizer_core_test.log" 2>&1 || fail "sanitize core_test"
         echo "compute-sanitizer memcheck core_test: $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_core_test.log" | tail -1)"
+        # The fused-kernel cases alone (Hopper), under all three tools: initcheck cannot see what
+        # cuBLAS writes, and only the fused path never reads a buffer that cuBLAS alone wrote.
+        for tool in memcheck racecheck initcheck; do
+          log="$OUT/sanitizer_core_test_fused_$tool.log"
+          TF_RNNT_CUBLAS=${TF_RNNT_CUBLAS:-$(cublas_path)} TF_RNNT_CORE_TEST_FUSED_ONLY=1 \
+            gpu0 compute-sanitizer --tool $tool --kernel-name kns=tf_rnnt --error-exitcode 9 \
+            build/tests/core_test > "$log" 2>&1 || fail "sanitize core_test fused $tool"
+          echo "compute-sanitizer $tool core_test fused: $(grep -E '^GPU:' "$log") $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -2 | tr '\n' ' ')"
+        done
       fi ;;
     bench)
       gpu0 "$PYTHON" benchmarks/bench_rnnt.py --suite all --out "$OUT/bench.md" 2>&1 \
@@ -119,7 +128,7 @@ for step in "$@"; do
         gpu0 ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum \
           --csv --page raw "$PYTHON" benchmarks/profile_joint.py --dtype "$dtype" > "$csv" 2>/dev/null \
           || fail "profile $dtype"
-        echo "-- $dtype"; "$PYTHON" benchmarks/profile_joint.py --summarize "$csv" | head -16
+        echo "-- $dtype"; "$PYTHON" benchmarks/profile_joint.py --summarize "$csv" --top 14
       done ;;
     ab)
       for lib in ${AB_LIBS:?set AB_LIBS to the op libraries to compare}; do
