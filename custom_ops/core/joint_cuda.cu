@@ -657,11 +657,13 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
   cublasHandle_t handle;
   RETURN_IF_ERROR(cublas_handle_for(stream, &handle));
   const bool untiled = a.saved_logits != nullptr;
-  const int64_t tile = untiled ? host.num_nodes : host.tile_nodes;
-  const T* encoder = static_cast<const T*>(in.encoder);
-  const T* predictor = static_cast<const T*>(in.predictor);
   bool on_chip = false;
   RETURN_IF_ERROR(use_fused(s, o, untiled, &on_chip));
+  // The buffers hold host.tile_nodes; the fused path may step by fewer (whole waves).
+  const int64_t buffer_tile = untiled ? host.num_nodes : host.tile_nodes;
+  const int64_t tile = on_chip ? fused::wave_tile(buffer_tile) : buffer_tile;
+  const T* encoder = static_cast<const T*>(in.encoder);
+  const T* predictor = static_cast<const T*>(in.predictor);
   // Vocabulary columns the fused recompute sums on chip, past the d kernel GEMM's V0.
   const int tail = on_chip ? fused::tail_columns(s) : 0;
   const int V0 = V - tail;

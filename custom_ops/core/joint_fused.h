@@ -30,6 +30,10 @@ int64_t prepared_bias_elements(const JointShape& shape);
 // chip, so that the backward's d kernel GEMM can cover whole chunks: cuBLAS takes about 1.6x as
 // long for [648, 1032] as for [648, 1024] (benchmarks/results/rnnt_h200_fused.md).
 int tail_columns(const JointShape& shape);
+// The backward's tile: the most nodes, up to `tile`, that fill whole waves of the recompute (128
+// nodes a block, one block an SM), or `tile` if it holds less than one wave. A tile of 4.5 waves
+// takes as long as one of 5.
+int64_t wave_tile(int64_t tile);
 // Floats of those sums for tiles of at most `tile` nodes: [blocks of 128 nodes, tail_columns,
 // H + 1], the last of H + 1 being d bias.
 int64_t tail_sum_floats(const JointShape& shape, int64_t tile);

@@ -53,6 +53,12 @@ constexpr int kBarrierBytes = 2 * kStages * 8;   // the full and empty mbarriers
 constexpr int kAlign = 1024;                     // the swizzle pattern repeats every 1024 B
 
 __host__ __device__ __forceinline__ int round_up(int n, int m) { return (n + m - 1) / m * m; }
+// The wgmma width (8, 16, 32, 64 or 128) that covers a chunk of `columns` vocabulary columns.
+__host__ __device__ __forceinline__ int mma_width(int columns) {
+  int n = 8;
+  while (n < columns && n < kChunk) n *= 2;
+  return n;
+}
 int k_extent(const JointShape& s) { return round_up(s.H, kKBlock); }
 int vocab_extent(const JointShape& s) { return round_up(s.V, kChunk); }
 
@@ -613,12 +619,14 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
   __syncthreads();
 
   // Step s's image into buffer s mod kStages; the first kStages need no release, so their copies
-  // run while Z forms.
+  // run while Z forms. Of a narrower last chunk only its rows are copied (a prefix of the image).
+  const int last_chunk_bytes = mma_width(p.V - (chunks - 1) * kChunk) * kRowBytes;
   const auto issue = [&](int step) {
     const int stage = step % kStages;
-    mbarrier_arrive_expect_tx(full + 8 * stage, kStageBytes);
+    const uint32_t bytes = step / kblocks == chunks - 1 ? last_chunk_bytes : kStageBytes;
+    mbarrier_arrive_expect_tx(full + 8 * stage, bytes);
     bulk_copy(stages_address + stage * kStageBytes,
-              p.kernel_t + static_cast<int64_t>(step) * (kStageBytes / sizeof(T)), kStageBytes,
+              p.kernel_t + static_cast<int64_t>(step) * (kStageBytes / sizeof(T)), bytes,
               full + 8 * stage);
   };
   if (tid == kConsumers) {
@@ -673,7 +681,7 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
     st.blank[h] = st.label[h] = 0.f;
   }
   const int full_chunks = p.V / kChunk;
-  const int tail = round_up(p.V - full_chunks * kChunk, 8);  // 0, or the last chunk's width
+  const int tail = mma_width(p.V - (chunks - 1) * kChunk);  // the last chunk's wgmma width
   const Pipeline pipe{smem_address(z_tile) + warpgroup * 64 * kRowBytes, stages_address, full,
                       empty, kblocks};
   float acc[kChunk / 2];
@@ -687,13 +695,13 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
                                            &pend, tail_words)
     if (c < full_chunks) {
       TF_RNNT_RUN_CHUNK(128, false);
-    } else if (tail > 64) {
+    } else if (tail == 128) {
       TF_RNNT_RUN_CHUNK(128, true);
-    } else if (tail > 32) {
+    } else if (tail == 64) {
       TF_RNNT_RUN_CHUNK(64, true);
-    } else if (tail > 16) {
+    } else if (tail == 32) {
       TF_RNNT_RUN_CHUNK(32, true);
-    } else if (tail > 8) {
+    } else if (tail == 16) {
       TF_RNNT_RUN_CHUNK(16, true);
     } else {
       TF_RNNT_RUN_CHUNK(8, true);
@@ -849,6 +857,16 @@ int64_t prepared_bias_elements(const JointShape& s) { return vocab_extent(s); }
 int tail_columns(const JointShape& s) {
   const int tail = s.V % kChunk;
   return s.V > kChunk && tail <= 8 ? tail : 0;
+}
+
+int64_t wave_tile(int64_t tile) {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    return tile;
+  }
+  const int64_t wave = static_cast<int64_t>(sms) * kRows;  // one block an SM (its shared memory)
+  return tile >= wave ? tile / wave * wave : tile;
 }
 
 int64_t tail_sum_floats(const JointShape& s, int64_t tile) {
