@@ -341,14 +341,7 @@ def test_joint_lattice_half_precision(dtype, device):
 # and the gradients differ by up to 2 unit roundoffs. 600 nodes: several blocks of 128; V = 131
 # and 140: tails of 3 and 12 columns past the chunks of 128 (chunk widths 8 and 16; the recompute
 # sums the first one's d kernel and d bias columns itself).
-@pytest.mark.gpu
-@pytest.mark.parametrize("options", [dict(), dict(fastemit_lambda=0.01), dict(clamp=0.1)],
-                         ids=["plain", "fastemit", "clamp"])
-@pytest.mark.parametrize("blank", [0, -1])
-@pytest.mark.parametrize("vocab", [131, 140])
-@pytest.mark.parametrize("dtype", HALF_DTYPES)
-def test_flash_rnnt_loss_fused_kernels(dtype, vocab, blank, options, monkeypatch):
-    problem = _problem(15, (3, 20, 9, 16, vocab), blank=blank, ragged=False)
+def _check_fused_kernels(problem, dtype, blank, options, tile_size, monkeypatch):
     rounded = tuple(tf.cast(tf.cast(tf.constant(x, tf.float32), dtype), tf.float64).numpy()
                     for x in problem[:4]) + problem[4:]
     exact = oracle.flash_rnnt_loss(*rounded, blank, "tanh", **options)
@@ -358,7 +351,7 @@ def test_flash_rnnt_loss_fused_kernels(dtype, vocab, blank, options, monkeypatch
     for path in ("cublas", "fused", "fused"):
         monkeypatch.setenv("TF_RNNT_JOINT_KERNEL", path)
         got = run_flash(tf_rnnt.flash_rnnt_loss, rounded, None, "/GPU:0", dtype=dtype,
-                        blank=blank, mode="tiled", tile_size=200, **options)
+                        blank=blank, mode="tiled", tile_size=tile_size, **options)
         if path in runs:
             for a, b in zip([runs[path][0]] + runs[path][1], [got[0]] + got[1]):
                 np.testing.assert_array_equal(a, b, err_msg="fused: a second run differs")
@@ -372,6 +365,27 @@ def test_flash_rnnt_loss_fused_kernels(dtype, vocab, blank, options, monkeypatch
         assert op_error <= 2 * ref_error + u, (
             f"{name}: fused error {op_error:.2e} vs reference {ref_error:.2e} in {dtype.name}")
         assert _relative_error(fused, cublas) <= 2 * u, f"{name}: fused vs cuBLAS path"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("options", [dict(), dict(fastemit_lambda=0.01), dict(clamp=0.1)],
+                         ids=["plain", "fastemit", "clamp"])
+@pytest.mark.parametrize("blank", [0, -1])
+@pytest.mark.parametrize("vocab", [131, 140])
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_flash_rnnt_loss_fused_kernels(dtype, vocab, blank, options, monkeypatch):
+    problem = _problem(15, (3, 20, 9, 16, vocab), blank=blank, ragged=False)
+    _check_fused_kernels(problem, dtype, blank, options, 200, monkeypatch)
+
+
+# 24,800 nodes in tiles of up to 20,000: at least one wave of the fused recompute (a block of
+# 128 nodes per SM) on a GPU of up to 156 SMs, so the fused backward cuts its tiles to whole
+# waves.
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_flash_rnnt_loss_fused_kernels_waves(dtype, monkeypatch):
+    problem = _problem(16, (8, 100, 30, 16, 131), blank=-1, ragged=False)
+    _check_fused_kernels(problem, dtype, -1, {}, 20000, monkeypatch)
 
 
 # ------------------------------------------------------------------------------ numerical gradient
