@@ -6,9 +6,9 @@
   python benchmarks/profile_joint.py --summarize prof.csv
 
 Lengths are full (every sample at the profile's T and U, as in the headline benchmark) unless
---lengths ragged. The step is warmed up first; only the third run lies between cudaProfilerStart and
-cudaProfilerStop. The summary adds the kernels' durations by name (ncu serializes kernels, so
-their sum is the step's GPU time without overlap or launch gaps).
+--lengths ragged. The step is warmed up first; only the third run lies between
+cudaProfilerStart and cudaProfilerStop. The summary adds the kernels' durations by name (ncu
+serializes kernels, so their sum is the step's GPU time without overlap or launch gaps).
 """
 
 import argparse
