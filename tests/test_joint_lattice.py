@@ -338,9 +338,7 @@ def test_joint_lattice_half_precision(dtype, device):
 # precision criterion above against the oracle, close to the cuBLAS path (same rounding points),
 # and bitwise the same run to run. The two paths round d logits to the dtype from float32 values
 # a few float32 ulp apart (exp2 against expf), so a d logit can land one half-precision ulp away
-# and the gradients differ by up to 2 unit roundoffs. 600 nodes: several blocks of 128; V = 131
-# and 140: tails of 3 and 12 columns past the chunks of 128 (chunk widths 8 and 16; the recompute
-# sums the first one's d kernel and d bias columns itself).
+# and the gradients differ by up to 2 unit roundoffs.
 def _check_fused_kernels(problem, dtype, blank, options, tile_size, monkeypatch):
     rounded = tuple(tf.cast(tf.cast(tf.constant(x, tf.float32), dtype), tf.float64).numpy()
                     for x in problem[:4]) + problem[4:]
@@ -374,6 +372,9 @@ def _check_fused_kernels(problem, dtype, blank, options, tile_size, monkeypatch)
 @pytest.mark.parametrize("vocab", [131, 140])
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 def test_flash_rnnt_loss_fused_kernels(dtype, vocab, blank, options, monkeypatch):
+    # 600 nodes: several blocks of 128; V = 131 and 140: tails of 3 and 12 columns past the
+    # chunks of 128 (chunk widths 8 and 16; the recompute sums the first one's d kernel and d bias
+    # columns itself).
     problem = _problem(15, (3, 20, 9, 16, vocab), blank=blank, ragged=False)
     _check_fused_kernels(problem, dtype, blank, options, 200, monkeypatch)
 
