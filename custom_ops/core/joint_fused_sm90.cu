@@ -620,10 +620,10 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
 
   // Step s's image into buffer s mod kStages; the first kStages need no release, so their copies
   // run while Z forms. Of a narrower last chunk only its rows are copied (a prefix of the image).
-  const int last_chunk_bytes = mma_width(p.V - (chunks - 1) * kChunk) * kRowBytes;
+  const int tail = mma_width(p.V - (chunks - 1) * kChunk);  // the last chunk's wgmma width
   const auto issue = [&](int step) {
     const int stage = step % kStages;
-    const uint32_t bytes = step / kblocks == chunks - 1 ? last_chunk_bytes : kStageBytes;
+    const uint32_t bytes = step / kblocks == chunks - 1 ? tail * kRowBytes : kStageBytes;
     mbarrier_arrive_expect_tx(full + 8 * stage, bytes);
     bulk_copy(stages_address + stage * kStageBytes,
               p.kernel_t + static_cast<int64_t>(step) * (kStageBytes / sizeof(T)), bytes,
@@ -681,7 +681,6 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
     st.blank[h] = st.label[h] = 0.f;
   }
   const int full_chunks = p.V / kChunk;
-  const int tail = mma_width(p.V - (chunks - 1) * kChunk);  // the last chunk's wgmma width
   const Pipeline pipe{smem_address(z_tile) + warpgroup * 64 * kRowBytes, stages_address, full,
                       empty, kblocks};
   float acc[kChunk / 2];
