@@ -667,12 +667,13 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
   // Vocabulary columns the fused recompute sums on chip, past the d kernel GEMM's V0.
   const int tail = on_chip ? fused::tail_columns(s) : 0;
   const int V0 = V - tail;
+  const int64_t tail_floats = tail > 0 ? fused::tail_sum_floats(s, tile) : 0;
   if (on_chip) {
     RETURN_IF_ERROR(
         fused::prepare(s, o, in.kernel, in.bias, buf.fused_kernel, buf.fused_bias, stream));
     if (tail > 0) {
-      RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(
-          buf.tail_sums, 0, sizeof(float) * fused::tail_sum_floats(s, tile), stream)));
+      RETURN_IF_ERROR(
+          cuda_status(cudaMemsetAsync(buf.tail_sums, 0, sizeof(float) * tail_floats, stream)));
     }
   }
   padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
@@ -740,7 +741,7 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
     RETURN_IF_ERROR(last_launch_status());
   }
   if (tail > 0) {
-    const int64_t slots = fused::tail_sum_floats(s, tile) / (static_cast<int64_t>(tail) * (H + 1));
+    const int64_t slots = tail_floats / (static_cast<int64_t>(tail) * (H + 1));
     tail_grad_kernel<<<dim3((H + 32) / 32, tail), 32 * kTailLanes, 0, stream>>>(
         buf.tail_sums, slots, tail, H, V0, Vp, buf.d_kernel);
   }
