@@ -17,6 +17,9 @@ tf.config.experimental.get_memory_info(...)["peak"] after a reset, minus the mem
 before the step (inputs and weights): "peak above the inputs". On the CPU it reports
 ru_maxrss growth instead. GEMM rates count the four GEMMs of the fused joint (forward,
 recompute, d joint, d kernel): 4 * 2 * N * H * V flops, N = valid lattice nodes.
+
+--trace DIR records a TensorFlow profiler trace of --trace-steps more runs of each flash case in
+DIR/<profile>_<lengths>_<dtype>_<method>/; `benchmarks/trace_summary.py --idle` reads it.
 """
 
 import argparse
@@ -85,6 +88,16 @@ def measure(step, warmup, repeats):
     used = peak() - base
     seconds = time_fn(step, warmup, repeats)
     return seconds, used
+
+
+def record_trace(step, directory, steps):
+    """A TensorFlow profiler trace of `steps` more runs of a warmed-up step, in `directory`."""
+    tf.profiler.experimental.start(directory)
+    try:
+        for _ in range(steps):
+            step().numpy()
+    finally:
+        tf.profiler.experimental.stop()
 
 
 def make_inputs(B, T, U, H, V, dtype, seed=0, ragged=True):
@@ -226,7 +239,11 @@ def suite_flash(args, lines, results):
             mode, _, kernel_path = method.partition("-")
             os.environ["TF_RNNT_JOINT_KERNEL"] = kernel_path or "auto"
             try:
-                seconds, used = measure(joint_step(mode, inputs), args.warmup, args.repeats)
+                step = joint_step(mode, inputs)
+                seconds, used = measure(step, args.warmup, args.repeats)
+                if args.trace:
+                    record_trace(step, os.path.join(
+                        args.trace, f"{prof}_{lengths}_{dt.name}_{method}"), args.trace_steps)
             except tf.errors.ResourceExhaustedError:
                 lines.append(f"| {prof} | {lengths} | {dt.name} | {method} | OOM | | | |")
                 continue
@@ -318,6 +335,9 @@ def main():
     )
     parser.add_argument("--lengths", default="both", choices=["full", "ragged", "both"],
                         help="flash suite: all lengths full, ragged, or both (default)")
+    parser.add_argument("--trace", default=None,
+                        help="flash suite: directory for profiler traces of each case")
+    parser.add_argument("--trace-steps", type=int, default=3)
     parser.add_argument("--out", help="markdown file to write (a .json beside it too)")
     args = parser.parse_args()
     gpu_name = ""

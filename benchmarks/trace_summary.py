@@ -9,6 +9,15 @@ On a GPU the kernels on the device's streams are summed by the TensorFlow op tha
 path is cut to its layer (`--depth` components after the model, gradient ops counted with the
 layer whose gradient they are, digits folded so the 16 blocks of a Conformer form one row). The
 sums are GPU (or CPU-thread) busy time: overlapping streams or threads count twice.
+
+  python benchmarks/bench_rnnt.py --suite flash --profile target --lengths full \
+      --methods tiled-fused --dtypes bfloat16 --trace /tmp/trace
+  python benchmarks/trace_summary.py /tmp/trace/target_full_bfloat16_tiled-fused --idle
+
+`--idle` shows instead when the GPU runs nothing: the trace's device activities (kernels, memsets,
+copies on every stream) cut into steps after each device-to-host copy (a benchmark step ends by
+copying its result back), and per step the span from its first activity to that copy, the time
+some activity runs, the rest (idle), and the activities that the longest gaps wait for.
 """
 
 import argparse
@@ -70,10 +79,83 @@ def _events(path):
                     yield plane.name, name, event.duration_ps * 1e-12
 
 
-def summarize(trace_dir, steps=1, depth=2, top=25):
+def _trace_files(trace_dir):
     files = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))
     if not files:
         raise SystemExit(f"no *.xplane.pb under {trace_dir}")
+    return files
+
+
+def device_activities(space):
+    """Sorted (start ps, end ps, name) of every activity on a GPU plane's streams."""
+    found = set()
+    for plane in space.planes:
+        if not plane.name.startswith("/device:GPU:"):
+            continue
+        for line in plane.lines:
+            if not line.name.startswith("Stream #"):
+                continue
+            for event in line.events:
+                start = line.timestamp_ns * 1000 + event.offset_ps
+                found.add((start, start + event.duration_ps,
+                           plane.event_metadata[event.metadata_id].name))
+    return sorted(found)
+
+
+def idle_steps(activities):
+    """Per step (the activities up to and including a device-to-host copy): (span, busy, gaps),
+    in ps; busy is the union of the activities' intervals, gaps lists (idle ps, name of the
+    activity that ends it)."""
+    steps, current = [], []
+    for activity in activities:
+        current.append(activity)
+        if "MemcpyD2H" in activity[2] or "DtoH" in activity[2]:
+            steps.append(current)
+            current = []
+    result = []
+    for step in steps:
+        end, busy, gaps = step[0][0], 0, []
+        for start, stop, name in step:
+            if start > end:
+                gaps.append((start - end, name))
+            busy += max(0, stop - max(start, end))
+            end = max(end, stop)
+        result.append((end - step[0][0], busy, gaps))
+    return result
+
+
+def idle_summary(trace_dir, top=8):
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    activities = []
+    for path in _trace_files(trace_dir):
+        space = xplane_pb2.XSpace()
+        with open(path, "rb") as f:
+            space.ParseFromString(f.read())
+        activities += device_activities(space)
+    steps = idle_steps(sorted(activities))
+    if not steps:
+        return f"{trace_dir}: no GPU activity ending in a device-to-host copy"
+    lines = [f"{trace_dir}: {len(steps)} steps", "",
+             "| step | span | busy | idle | activities after the longest gaps |",
+             "|---|---|---|---|---|"]
+    for k, (span, busy, gaps) in enumerate(steps):
+        longest = sorted(gaps, reverse=True)[:3]
+        after = "; ".join(f"{g / 1e6:.0f} us: {n.split('(')[0][:48]}" for g, n in longest)
+        lines.append(f"| {k} | {span / 1e9:.2f} ms | {busy / 1e9:.2f} ms | "
+                     f"{(span - busy) / 1e9:.2f} ms | {after} |")
+    by_name = collections.Counter()
+    for _, _, gaps in steps:
+        for g, n in gaps:
+            by_name[n.split("(")[0][:70]] += g
+    lines.append("")
+    lines.append("Idle per step before: " + ", ".join(
+        f"{n} {g / len(steps) / 1e9:.3f} ms" for n, g in by_name.most_common(top)))
+    return "\n".join(lines)
+
+
+def summarize(trace_dir, steps=1, depth=2, top=25):
+    files = _trace_files(trace_dir)
     totals = collections.defaultdict(float)
     devices = set()
     for path in files:
@@ -107,9 +189,14 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=3, help="steps in the trace")
     parser.add_argument("--depth", type=int, default=1, help="layer path components kept")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--idle", action="store_true",
+                        help="the GPU's idle time per step instead of the busy time by layer")
     args = parser.parse_args(argv)
     for trace_dir in args.trace_dir:
-        print(summarize(trace_dir, args.steps, args.depth, args.top))
+        if args.idle:
+            print(idle_summary(trace_dir))
+        else:
+            print(summarize(trace_dir, args.steps, args.depth, args.top))
         print()
 
 
