@@ -45,26 +45,38 @@ def layer_key(op_name, depth=2):
     return ("backward" if backward else "forward"), key
 
 
-def _events(path):
-    """(op name, seconds) per device kernel, or per host op event without a GPU plane."""
+def _load_space(path):
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     space = xplane_pb2.XSpace()
     with open(path, "rb") as f:
         space.ParseFromString(f.read())
+    return space
+
+
+def _stream_lines(space):
+    """(plane, line) of each GPU stream; the derived per-op and per-step lines repeat their
+    time."""
+    for plane in space.planes:
+        if plane.name.startswith("/device:GPU:"):
+            for line in plane.lines:
+                if line.name.startswith("Stream #"):
+                    yield plane, line
+
+
+def _events(path):
+    """(op name, seconds) per device kernel, or per host op event without a GPU plane."""
+    space = _load_space(path)
     gpu_planes = [p for p in space.planes if p.name.startswith("/device:GPU:")]
-    for plane in gpu_planes:
+    for plane, line in _stream_lines(space):
         stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
-        for line in plane.lines:
-            if not line.name.startswith("Stream #"):
-                continue  # the derived per-op and per-step lines repeat the streams' time
-            for event in line.events:
-                op = ""
-                for stat in event.stats:
-                    if stat_names.get(stat.metadata_id) == "tf_op":
-                        op = stat.str_value or stat_names.get(stat.ref_value, "")
-                name = op or plane.event_metadata[event.metadata_id].name
-                yield plane.name, name, event.duration_ps * 1e-12
+        for event in line.events:
+            op = ""
+            for stat in event.stats:
+                if stat_names.get(stat.metadata_id) == "tf_op":
+                    op = stat.str_value or stat_names.get(stat.ref_value, "")
+            name = op or plane.event_metadata[event.metadata_id].name
+            yield plane.name, name, event.duration_ps * 1e-12
     if gpu_planes:
         return
     for plane in space.planes:
@@ -89,16 +101,11 @@ def _trace_files(trace_dir):
 def device_activities(space):
     """Sorted (start ps, end ps, name) of every activity on a GPU plane's streams."""
     found = set()
-    for plane in space.planes:
-        if not plane.name.startswith("/device:GPU:"):
-            continue
-        for line in plane.lines:
-            if not line.name.startswith("Stream #"):
-                continue
-            for event in line.events:
-                start = line.timestamp_ns * 1000 + event.offset_ps
-                found.add((start, start + event.duration_ps,
-                           plane.event_metadata[event.metadata_id].name))
+    for plane, line in _stream_lines(space):
+        for event in line.events:
+            start = line.timestamp_ns * 1000 + event.offset_ps
+            found.add((start, start + event.duration_ps,
+                       plane.event_metadata[event.metadata_id].name))
     return sorted(found)
 
 
@@ -125,14 +132,9 @@ def idle_steps(activities):
 
 
 def idle_summary(trace_dir, top=8):
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
     activities = []
     for path in _trace_files(trace_dir):
-        space = xplane_pb2.XSpace()
-        with open(path, "rb") as f:
-            space.ParseFromString(f.read())
-        activities += device_activities(space)
+        activities += device_activities(_load_space(path))
     steps = idle_steps(sorted(activities))
     if not steps:
         return f"{trace_dir}: no GPU activity ending in a device-to-host copy"
