@@ -9,7 +9,7 @@
 The flash suite runs each profile with all lengths full (the headline: every lattice node is
 real work) and with ragged lengths (uniform in [T/2, T] and [U/2, U], about 56% of the nodes);
 --lengths picks one of them. --methods takes tiled, untiled, reference, and tiled-cublas /
-tiled-fused: the tiled op on one GPU kernel path (TF_RNNT_JOINT_KERNEL).
+tiled-fused / tiled-fused-mma: the tiled op on one GPU kernel path (TF_RNNT_JOINT_KERNEL).
 
 Each case times forward + backward inside one tf.function: the median of --repeats runs after
 --warmup runs, each ending in a host read of the result. Peak memory is
@@ -326,7 +326,7 @@ def main():
     )
     parser.add_argument("--methods", default="tiled,untiled,reference",
                         help="flash suite: comma-separated subset of tiled,untiled,reference,"
-                        "tiled-cublas,tiled-fused")
+                        "tiled-cublas,tiled-fused,tiled-fused-mma")
     parser.add_argument(
         "--dtypes",
         default=None,

@@ -193,14 +193,15 @@ def build(out, jobs, tests=False):
         for a in archs:
             gencode += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
         gencode += ["-gencode", f"arch=compute_{archs[-1]},code=compute_{archs[-1]}"]
-        for f in ("lattice_cuda.cu", "joint_cuda.cu"):
+        # The Hopper fused tile kernels use wgmma, which only sm_90a machine code has; without 90
+        # in the list they compile empty and the mma.sync ones (joint_fused_sm80.cu) run there.
+        sm90a = ["-DTF_RNNT_FUSED_SM90A=1"] if "90" in archs else []
+        for f in ("lattice_cuda.cu", "joint_cuda.cu", "joint_fused.cu", "joint_fused_sm80.cu"):
             add(os.path.join(SRC, "core", f), lambda s, o: [
                 nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
-                *include, *gencode, "-c", s, "-o", o])
-        # The fused tile kernels use wgmma, which only sm_90a (Hopper) machine code has; without
-        # 90 in the list they compile empty and report themselves unavailable.
-        if "90" in archs:
-            fused_code = ["-gencode", "arch=compute_90a,code=sm_90a", "-DTF_RNNT_FUSED_SM90A=1"]
+                *include, *gencode, *sm90a, "-c", s, "-o", o])
+        if sm90a:
+            fused_code = ["-gencode", "arch=compute_90a,code=sm_90a", *sm90a]
         else:
             fused_code = ["-gencode", f"arch=compute_{archs[0]},code=sm_{archs[0]}",
                           "-diag-suppress=177"]  # the unused device helpers

@@ -334,35 +334,40 @@ def test_joint_lattice_half_precision(dtype, device):
         assert op_error <= 2 * ref_error + u, (channel, op_error, ref_error)
 
 
-# The GPU's fused tile kernels (TF_RNNT_JOINT_KERNEL=fused; Hopper, 16-bit dtypes): the half
-# precision criterion above against the oracle, close to the cuBLAS path (same rounding points),
-# and bitwise the same run to run. The two paths round d logits to the dtype from float32 values
-# a few float32 ulp apart (exp2 against expf), so a d logit can land one half-precision ulp away
-# and the gradients differ by up to 2 unit roundoffs.
-def _check_fused_kernels(problem, dtype, blank, options, tile_size, monkeypatch):
+# The GPU's fused tile kernels (16-bit dtypes; TF_RNNT_JOINT_KERNEL=fused: Hopper's wgmma kernels
+# on compute capability 9.0, "fused-mma": the mma.sync ones): the half precision criterion above
+# against the oracle, close to the cuBLAS path (same rounding points), and bitwise the same run to
+# run. The paths round d logits to the dtype from float32 values a few float32 ulp apart (exp2
+# against expf), so a d logit can land one half-precision ulp away and the gradients differ by up
+# to 2 unit roundoffs.
+def _check_fused_kernels(problem, dtype, blank, options, tile_size, monkeypatch, fused_path):
     rounded = tuple(tf.cast(tf.cast(tf.constant(x, tf.float32), dtype), tf.float64).numpy()
                     for x in problem[:4]) + problem[4:]
     exact = oracle.flash_rnnt_loss(*rounded, blank, "tanh", **options)
     ref_costs, ref_grads = run_flash(_reference_flash, rounded, dtype=dtype, blank=blank,
                                      **options)
     runs = {}
-    for path in ("cublas", "fused", "fused"):
+    for path in ("cublas", fused_path, fused_path):
         monkeypatch.setenv("TF_RNNT_JOINT_KERNEL", path)
         got = run_flash(tf_rnnt.flash_rnnt_loss, rounded, None, "/GPU:0", dtype=dtype,
                         blank=blank, mode="tiled", tile_size=tile_size, **options)
         if path in runs:
             for a, b in zip([runs[path][0]] + runs[path][1], [got[0]] + got[1]):
-                np.testing.assert_array_equal(a, b, err_msg="fused: a second run differs")
+                np.testing.assert_array_equal(a, b, err_msg=f"{path}: a second run differs")
         runs[path] = got
     u = UNIT_ROUNDOFF[dtype]
     for i, (name, e) in enumerate(zip(("costs",) + GRAD_NAMES, exact)):
-        fused = runs["fused"][0] if i == 0 else runs["fused"][1][i - 1]
+        fused = runs[fused_path][0] if i == 0 else runs[fused_path][1][i - 1]
         cublas = runs["cublas"][0] if i == 0 else runs["cublas"][1][i - 1]
         ref = ref_costs if i == 0 else ref_grads[i - 1]
         op_error, ref_error = _relative_error(fused, e), _relative_error(ref, e)
         assert op_error <= 2 * ref_error + u, (
-            f"{name}: fused error {op_error:.2e} vs reference {ref_error:.2e} in {dtype.name}")
-        assert _relative_error(fused, cublas) <= 2 * u, f"{name}: fused vs cuBLAS path"
+            f"{name}: {fused_path} error {op_error:.2e} vs reference {ref_error:.2e} in "
+            f"{dtype.name}")
+        assert _relative_error(fused, cublas) <= 2 * u, f"{name}: {fused_path} vs cuBLAS path"
+
+
+FUSED_PATHS = ["fused", "fused-mma"]
 
 
 @pytest.mark.gpu
@@ -371,12 +376,13 @@ def _check_fused_kernels(problem, dtype, blank, options, tile_size, monkeypatch)
 @pytest.mark.parametrize("blank", [0, -1])
 @pytest.mark.parametrize("vocab", [131, 140])
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
-def test_flash_rnnt_loss_fused_kernels(dtype, vocab, blank, options, monkeypatch):
+@pytest.mark.parametrize("fused_path", FUSED_PATHS)
+def test_flash_rnnt_loss_fused_kernels(fused_path, dtype, vocab, blank, options, monkeypatch):
     # 600 nodes: several blocks of 128; V = 131 and 140: tails of 3 and 12 columns past the
     # chunks of 128 (chunk widths 8 and 16; the recompute sums the first one's d kernel and d bias
     # columns itself).
     problem = _problem(15, (3, 20, 9, 16, vocab), blank=blank, ragged=False)
-    _check_fused_kernels(problem, dtype, blank, options, 200, monkeypatch)
+    _check_fused_kernels(problem, dtype, blank, options, 200, monkeypatch, fused_path)
 
 
 # 24,800 nodes in tiles of up to 20,000: at least one wave of the fused recompute (a block of
@@ -384,9 +390,10 @@ def test_flash_rnnt_loss_fused_kernels(dtype, vocab, blank, options, monkeypatch
 # waves.
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
-def test_flash_rnnt_loss_fused_kernels_waves(dtype, monkeypatch):
+@pytest.mark.parametrize("fused_path", FUSED_PATHS)
+def test_flash_rnnt_loss_fused_kernels_waves(fused_path, dtype, monkeypatch):
     problem = _problem(16, (8, 100, 30, 16, 131), blank=-1, ragged=False)
-    _check_fused_kernels(problem, dtype, -1, {}, 20000, monkeypatch)
+    _check_fused_kernels(problem, dtype, -1, {}, 20000, monkeypatch, fused_path)
 
 
 # ------------------------------------------------------------------------------ numerical gradient

@@ -559,16 +559,21 @@ struct JointBuffers {
 // Whether a tiled pass runs the fused kernels (options.kernel, joint_fused.h).
 Status use_fused(const JointShape& s, const JointOptions& o, bool untiled, bool* on_chip) {
   *on_chip = false;
-  // kAuto takes the fused kernels where they apply: faster on an H200 (benchmarks/results).
   if (untiled || o.kernel == JointKernel::kCublas) return Status();
+  // kAuto takes the Hopper kernels where they apply: faster than the cuBLAS path on an H200, where
+  // the mma.sync ones are slower (benchmarks/results/rnnt_h200_fused.md).
+  if (o.kernel == JointKernel::kAuto) {
+    *on_chip = fused::kernels_for(s, o) == fused::Kernels::kWgmma;
+    return Status();
+  }
   const char* why = fused::unsupported_reason(s, o);
-  if (why && o.kernel == JointKernel::kFused) {
+  if (why) {
     Status st;
     st.code = StatusCode::kInvalidArgument;
     st.message = why;
     return st;
   }
-  *on_chip = why == nullptr;
+  *on_chip = true;
   return Status();
 }
 
@@ -661,7 +666,7 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
   RETURN_IF_ERROR(use_fused(s, o, untiled, &on_chip));
   // The buffers hold host.tile_nodes; the fused path may step by fewer (whole waves).
   const int64_t buffer_tile = untiled ? host.num_nodes : host.tile_nodes;
-  const int64_t tile = on_chip ? fused::wave_tile(buffer_tile) : buffer_tile;
+  const int64_t tile = on_chip ? fused::wave_tile(s, o, buffer_tile) : buffer_tile;
   const T* encoder = static_cast<const T*>(in.encoder);
   const T* predictor = static_cast<const T*>(in.predictor);
   // Vocabulary columns the fused recompute sums on chip, past the d kernel GEMM's V0.

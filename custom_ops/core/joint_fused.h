@@ -1,10 +1,12 @@
-// The fused joint tile kernels of the CUDA launchers (joint_fused_sm90.cu): per tile of packed
-// lattice nodes, the joint values act(encoder + predictor) are formed in shared memory and fed to
+// The fused joint tile kernels of the CUDA launchers (joint_fused.cu): per tile of packed lattice
+// nodes, the joint values act(encoder + predictor) are formed in shared memory and fed to
 // tensor-core GEMMs against the output layer; the logits never leave the chip.
 //   forward:   online log-sum-exp over V and the blank/label picks -> lattice, lse
 //   recompute: d logits from the lattice gradients (the backward pass's tile), written with the
 //              joint values for the two backward GEMMs
-// Hopper (sm_90a wgmma) only; joint_cuda.cu falls back to its cuBLAS path elsewhere.
+// Two implementations: Hopper's wgmma (sm_90a code) and mma.sync for compute capability 8.0 and
+// up (JointKernel::kFusedMma asks for these on Hopper too). joint_cuda.cu falls back to its cuBLAS
+// path where neither applies.
 #ifndef TF_RNNT_JOINT_FUSED_H_
 #define TF_RNNT_JOINT_FUSED_H_
 
@@ -20,6 +22,10 @@ namespace fused {
 // Why the fused kernels cannot run this joint on the current device, or null when they can.
 const char* unsupported_reason(const JointShape& shape, const JointOptions& options);
 
+enum class Kernels { kNone, kWgmma, kMma };
+// The fused kernels that run this joint on the current device (options.kernel kFusedMma: mma.sync).
+Kernels kernels_for(const JointShape& shape, const JointOptions& options);
+
 // Elements of the prepared output layer (kernel transposed to [Vw, Hk], zero padded: dtype) and
 // of the padded bias ([Vw] float32, -inf padding).
 int64_t prepared_kernel_elements(const JointShape& shape);
@@ -30,12 +36,13 @@ int64_t prepared_bias_elements(const JointShape& shape);
 // chip, so that the backward's d kernel GEMM can cover whole chunks: cuBLAS takes about 1.6x as
 // long for [648, 1032] as for [648, 1024] (benchmarks/results/rnnt_h200_fused.md).
 int tail_columns(const JointShape& shape);
-// The backward's tile: the most nodes, up to `tile`, that fill whole waves of the recompute (128
-// nodes a block, one block an SM), or `tile` if it holds less than one wave. A tile of 4.5 waves
-// takes as long as one of 5.
-int64_t wave_tile(int64_t tile);
-// Floats of those sums for tiles of at most `tile` nodes: [blocks of 128 nodes, tail_columns,
-// H + 1], the last of H + 1 being d bias.
+// The backward's tile: the most nodes, up to `tile`, that fill whole waves of the recompute (as
+// many blocks as the SMs hold at once), or `tile` if it holds less than one wave. A tile of 4.5
+// waves takes as long as one of 5.
+int64_t wave_tile(const JointShape& shape, const JointOptions& options, int64_t tile);
+// Floats of those sums for tiles of at most `tile` nodes: [slots, tail_columns, H + 1], the last
+// of H + 1 being d bias; a slot per block of the recompute (of 64 or 128 nodes), zeros where no
+// block adds.
 int64_t tail_sum_floats(const JointShape& shape, int64_t tile);
 
 // The output layer in the fused kernels' layout.

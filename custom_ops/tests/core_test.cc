@@ -525,9 +525,9 @@ JointCase half_case(std::mt19937* rng, DType dtype, int H, int V, Activation act
   return c;
 }
 
-// Case c on the fused tile kernels and on the cuBLAS path, for each tile size, against the float64
-// reference (on the rounded inputs); with the last tile size also against each other and run to
-// run bitwise.
+// Case c on the cuBLAS path and on each fused tile kernel that runs here, for each tile size,
+// against the float64 reference (on the rounded inputs); with the last tile size also each fused
+// one against the cuBLAS path, and run to run bitwise.
 void check_joint_half(Backend* be, Report* report, std::mt19937* rng, const JointCase& c,
                       const std::vector<int64_t>& tiles, const char* what) {
   const double tol = c.options.dtype == DType::kBFloat16 ? 1e-2 : 2e-3;
@@ -540,24 +540,28 @@ void check_joint_half(Backend* be, Report* report, std::mt19937* rng, const Join
   std::snprintf(tag, sizeof(tag), "joint %s %s H=%d V=%d blank=%d%s", be->name(),
                 c.options.dtype == DType::kBFloat16 ? "bfloat16" : "float16", sh.H, sh.V,
                 c.options.blank, what);
-  const char* why = be->fused_unavailable(c);
-  if (why) {
-    std::printf("  SKIPPED fused %s: %s\n", tag, why);
-    report->fused_skipped += 1;
-  }
-  JointResult results[2];
-  bool ran[2] = {false, false};
-  for (int k = 0; k < 2; ++k) {
-    const JointKernel kernel = k == 0 ? JointKernel::kCublas : JointKernel::kFused;
-    if ((kernel == JointKernel::kFused && why) ||
-        (kernel == JointKernel::kCublas && fused_only())) {
+  // The cuBLAS path, the fused kernels (Hopper's wgmma ones on compute capability 9.0) and the
+  // mma.sync fused kernels.
+  const JointKernel kernels[] = {JointKernel::kCublas, JointKernel::kFused, JointKernel::kFusedMma};
+  const char* kernel_names[] = {"cublas", "fused", "fused-mma"};
+  JointResult results[3];
+  bool ran[3] = {false, false, false};
+  for (int k = 0; k < 3; ++k) {
+    JointCase ck = c;
+    ck.options.kernel = kernels[k];
+    if (k > 0) {
+      const char* why = be->fused_unavailable(ck);
+      if (why) {
+        std::printf("  SKIPPED %s %s: %s\n", kernel_names[k], tag, why);
+        report->fused_skipped += 1;
+        continue;
+      }
+    } else if (fused_only()) {
       continue;
     }
-    JointCase ck = c;
-    ck.options.kernel = kernel;
     for (int64_t tile : tiles) {
       const std::string name =
-          std::string(tag) + (k == 0 ? " cublas" : " fused") + " tile=" + std::to_string(tile);
+          std::string(tag) + " " + kernel_names[k] + " tile=" + std::to_string(tile);
       JointResult r;
       const Status st = be->joint(ck, tile, d_lattice, &r);
       if (!st.ok()) std::printf("    status %d: %s\n", static_cast<int>(st.code), st.message);
@@ -577,12 +581,15 @@ void check_joint_half(Backend* be, Report* report, std::mt19937* rng, const Join
       record(report, name, ok);
     }
   }
-  if (ran[0] && ran[1]) {  // the same rounding points: closer to each other than to float64
-    const std::string name = std::string(tag) + " fused vs cublas";
+  // Each fused path against the cuBLAS path: the same rounding points, so closer to each other
+  // than to float64.
+  for (int k = 1; k < 3; ++k) {
+    if (!ran[0] || !ran[k]) continue;
+    const std::string name = std::string(tag) + " " + kernel_names[k] + " vs cublas";
     const char* names[] = {"lattice", "lse", "d_encoder", "d_predictor", "d_kernel", "d_bias"};
-    const std::vector<float>* fused_out[] = {&results[1].lattice,   &results[1].lse,
-                                             &results[1].d_encoder, &results[1].d_predictor,
-                                             &results[1].d_kernel,  &results[1].d_bias};
+    const std::vector<float>* fused_out[] = {&results[k].lattice,   &results[k].lse,
+                                             &results[k].d_encoder, &results[k].d_predictor,
+                                             &results[k].d_kernel,  &results[k].d_bias};
     const std::vector<float>* cublas_out[] = {&results[0].lattice,   &results[0].lse,
                                               &results[0].d_encoder, &results[0].d_predictor,
                                               &results[0].d_kernel,  &results[0].d_bias};
@@ -594,7 +601,8 @@ void check_joint_half(Backend* be, Report* report, std::mt19937* rng, const Join
   }
 }
 
-// The joint in 16-bit dtypes on the GPU: the fused tile kernels and the cuBLAS path, each against
+// The joint in 16-bit dtypes on the GPU: the fused tile kernels (both kinds) and the cuBLAS path,
+// each against
 // the float64 reference (on the rounded inputs), against each other, and run to run bitwise.
 // Shapes: several blocks of 128 nodes (the last one partial), a sample with no labels and one of
 // one frame; H below, at and above one K block of 64; V with vocabulary chunks of 128 and tails of

@@ -3,7 +3,7 @@
 //
 //   build/tests/joint_timing [--B 32 --T 400 --U 128 --H 640 --V 1025] [--dtype bfloat16]
 //                            [--lengths full|ragged] [--reps 20] [--budget-mb 256]
-//                            [--kernels cublas,fused]
+//                            [--kernels cublas,fused,fused-mma]
 //
 // cuBLAS is loaded as in core_test ($TF_RNNT_CUBLAS, else the usual library names). The tile
 // size follows the op's GPU default: as many nodes as fit the memory budget. The GEMM rate counts
@@ -183,7 +183,9 @@ int main(int argc, char** argv) {
     JointOptions o;
     o.blank = V - 1;
     o.dtype = dtype;
-    o.kernel = name == "fused" ? JointKernel::kFused : JointKernel::kCublas;
+    o.kernel = name == "fused"       ? JointKernel::kFused
+               : name == "fused-mma" ? JointKernel::kFusedMma
+                                     : JointKernel::kCublas;
     const int64_t per_node =
         (static_cast<int64_t>(joint_workspace_bytes_cuda(s, o, 2048, true, false)) -
          static_cast<int64_t>(joint_workspace_bytes_cuda(s, o, 1024, true, false))) /

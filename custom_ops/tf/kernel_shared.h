@@ -45,12 +45,13 @@ struct JointAttrs {
 };
 
 // The GPU joint's kernel path (JointOptions::kernel) from TF_RNNT_JOINT_KERNEL: "cublas",
-// "fused" (an error where the fused kernels do not apply), else automatic. Read at each call, so
-// a process can compare the paths.
+// "fused" or "fused-mma" (an error where the fused kernels do not apply), else automatic. Read at
+// each call, so a process can compare the paths.
 inline JointKernel joint_kernel_from_env() {
   const char* v = std::getenv("TF_RNNT_JOINT_KERNEL");
   if (v && std::string(v) == "cublas") return JointKernel::kCublas;
   if (v && std::string(v) == "fused") return JointKernel::kFused;
+  if (v && std::string(v) == "fused-mma") return JointKernel::kFusedMma;
   return JointKernel::kAuto;
 }
 

@@ -90,11 +90,13 @@ struct JointShape {
 };
 
 // How the GPU launchers run a tiled joint. kFused: the fused tile kernels (joint values formed on
-// chip, log-sum-exp and d logits in the GEMM's epilogue; Hopper, 16-bit dtypes, H a multiple of 8
-// up to 640), or kInvalidArgument where they do not apply; kCublas: the cuBLAS path; kAuto: the
-// fused kernels where they apply (faster on an H200: benchmarks/results), else the cuBLAS path.
-// Untiled mode and the CPU launchers ignore it.
-enum class JointKernel : int { kAuto = 0, kCublas = 1, kFused = 2 };
+// chip, log-sum-exp and d logits in the GEMM's epilogue; 16-bit dtypes, H a multiple of 8 up to
+// 640, compute capability 8.0 or higher: Hopper's wgmma kernels on compute capability 9.0, the
+// mma.sync kernels elsewhere), or kInvalidArgument where they do not apply; kFusedMma: the
+// mma.sync kernels on any such GPU; kCublas: the cuBLAS path; kAuto: the Hopper kernels where
+// they apply (faster than the cuBLAS path on an H200, where the mma.sync ones are slower:
+// benchmarks/results), else the cuBLAS path. Untiled mode and the CPU launchers ignore it.
+enum class JointKernel : int { kAuto = 0, kCublas = 1, kFused = 2, kFusedMma = 3 };
 
 struct JointOptions {
   int blank = 0;  // in [0, V)
