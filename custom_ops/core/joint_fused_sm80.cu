@@ -2,7 +2,9 @@
 // what they compute, joint_fused_tile.cuh holds the layouts and epilogues they share with the
 // Hopper kernels.
 //
-// A block takes kRows = 64 consecutive packed nodes, four warps of 16 rows each.
+// A block takes kRows = 64 consecutive packed nodes: eight warps, two for each 16 rows, each of the
+// two taking 64 columns of every chunk (more warps an SM than one a row group would give, in the
+// shared memory Z leaves).
 //   1. Z for its rows in shared memory, formed by all threads while the first images land;
 //   2. the vocabulary in chunks of 128 columns: per K block of 64, the step's 16 KB image of the
 //      output layer arrives by cp.async in one of kStages buffers (all threads copy, kStages - 1
@@ -12,7 +14,8 @@
 //      mma.sync.m16n8k16 as it is, and issues 16 mma.sync (PTX ISA, "Warp-level matrix multiply:
 //      mma");
 //   3. the chunk's epilogue on the accumulators, as in the Hopper kernels; the images of the
-//      next steps keep landing meanwhile;
+//      next steps keep landing meanwhile. Forward: the two warps of a row group merge their
+//      log-sum-exp states (in a fixed order) and picks through shared memory at the end;
 //   4. recompute: the tail columns' d kernel and d bias sums (tail_columns), over the buffers.
 // Each row's reductions run in a fixed order (no atomics): results are deterministic.
 #include <cuda_bf16.h>
@@ -28,11 +31,13 @@ namespace detail {
 namespace {
 
 constexpr int kRows = kMmaRows;  // nodes per block
-constexpr int kThreads = 128;    // four warps of 16 rows
-constexpr int kStages = 3;       // images in flight
-constexpr int kTableBytes = 2 * kRows * 4;
+constexpr int kThreads = 256;    // eight warps: 16 rows and half a chunk each
+constexpr int kHalf = kChunk / 2;
+constexpr int kStages = 3;                     // images in flight
+constexpr int kTableBytes = 2 * kRows * 4;     // the rows' encoder and predictor indices
+constexpr int kExchangeBytes = kRows * 4 * 4;  // forward: per row, the second half's state
 constexpr int kAlign = 128;  // the swizzle spreads a 128-byte row's chunks over the banks
-static_assert(kThreads / 32 * 16 == kRows, "a warp's 16 rows");
+static_assert(kThreads / 32 / 2 * 16 == kRows, "16 rows a pair of warps");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define TF_RNNT_SM80_ASM(...) asm volatile(__VA_ARGS__)
@@ -113,63 +118,67 @@ __device__ __forceinline__ void issue(const Params<T>& p, const Operands& ops, i
   copy_commit();
 }
 
-// One vocabulary chunk c of nw columns: its K blocks, then the chunk's epilogue.
+// The warp's nw columns [c0, c0 + nw) of vocabulary chunk c (c0 = c kChunk + 64 half): the
+// chunk's K blocks, then the epilogue of those columns; nw = 0 (a half past a narrow last chunk):
+// only the K blocks' copies and barriers.
 template <typename T, bool kRecompute, int nw, bool kTail>
-__device__ __forceinline__ void run_chunk(const Params<T>& p, const Operands& ops, int c, int warp,
-                                          int lane, const RowInfo (&rows)[2], int64_t block_row0,
-                                          int row0, RowState* st, Pending* pend,
+__device__ __forceinline__ void run_chunk(const Params<T>& p, const Operands& ops, int c, int half,
+                                          int group, int lane, const RowInfo (&rows)[2],
+                                          int64_t block_row0, int row0, RowState* st, Pending* pend,
                                           uint32_t (&tail_words)[2][4]) {
+  const int c0 = c * kChunk + kHalf * half;
   float bias[kChunk / 4];
 #pragma unroll
   for (int j = 0; j < kChunk / 8; ++j) {
     const float2 b =
-        j < nw / 8
-            ? __ldg(reinterpret_cast<const float2*>(p.bias + c * kChunk + 2 * (lane & 3) + 8 * j))
-            : make_float2(kNegInf, kNegInf);
+        j < nw / 8 ? __ldg(reinterpret_cast<const float2*>(p.bias + c0 + 2 * (lane & 3) + 8 * j))
+                   : make_float2(kNegInf, kNegInf);
     bias[2 * j] = b.x;
     bias[2 * j + 1] = b.y;
   }
   float acc[kChunk / 2];
 #pragma unroll
   for (int i = 0; i < kChunk / 2; ++i) acc[i] = 0.f;
-  // ldmatrix rows: A, this warp's rows 16 warp + (lane mod 16), K chunk lane / 16 of the slice;
+  // ldmatrix rows: A, the group's rows 16 group + (lane mod 16), K chunk lane / 16 of the slice;
   // B, columns (lane mod 8) + 8 (lane / 16) of a pair of 8-column tiles, K chunk (lane / 8) mod 2.
-  const int a_row = 16 * warp + (lane & 15), a_chunk = lane >> 4;
-  const int b_row = (lane & 7) + ((lane >> 4) << 3), b_chunk = (lane >> 3) & 1;
+  const int a_row = 16 * group + (lane & 15), a_chunk = lane >> 4;
+  const int b_row = kHalf * half + (lane & 7) + ((lane >> 4) << 3), b_chunk = (lane >> 3) & 1;
   for (int kb = 0; kb < ops.kblocks; ++kb) {
     const int step = c * ops.kblocks + kb;
     copy_wait<kStages - 2>();  // this thread's copies of `step` are done
     __syncthreads();           // everyone's; and the buffer of step - 1 is read
     issue(p, ops, step + kStages - 1);
-    const uint32_t a_base = ops.z + kb * (kRows * kRowBytes);
-    const uint32_t b_base = ops.stages + (step % kStages) * kStageBytes;
+    if constexpr (nw > 0) {
+      const uint32_t a_base = ops.z + kb * (kRows * kRowBytes);
+      const uint32_t b_base = ops.stages + (step % kStages) * kStageBytes;
 #pragma unroll
-    for (int kk = 0; kk < kKBlock / 16; ++kk) {
-      uint32_t a[4];
-      load_matrices(a, a_base + swizzled(a_row, 2 * kk + a_chunk));
-      if constexpr (nw == 8) {
-        uint32_t b[2];
-        load_matrices(b, b_base + swizzled(lane & 7, 2 * kk + b_chunk));
-        mma<T>(acc, a, b[0], b[1]);
-      } else {
+      for (int kk = 0; kk < kKBlock / 16; ++kk) {
+        uint32_t a[4];
+        load_matrices(a, a_base + swizzled(a_row, 2 * kk + a_chunk));
+        if constexpr (nw == 8) {
+          uint32_t b[2];
+          load_matrices(b, b_base + swizzled(b_row & ~8, 2 * kk + b_chunk));
+          mma<T>(acc, a, b[0], b[1]);
+        } else {
 #pragma unroll
-        for (int jp = 0; jp < nw / 16; ++jp) {
-          uint32_t b[4];
-          load_matrices(b, b_base + swizzled(16 * jp + b_row, 2 * kk + b_chunk));
-          mma<T>(acc + 8 * jp, a, b[0], b[1]);
-          mma<T>(acc + 8 * jp + 4, a, b[2], b[3]);
+          for (int jp = 0; jp < nw / 16; ++jp) {
+            uint32_t b[4];
+            load_matrices(b, b_base + swizzled(16 * jp + b_row, 2 * kk + b_chunk));
+            mma<T>(acc + 8 * jp, a, b[0], b[1]);
+            mma<T>(acc + 8 * jp + 4, a, b[2], b[3]);
+          }
         }
       }
     }
   }
-  if (!kRecompute) {
-    forward_epilogue<T, nw>(p, acc, bias, c * kChunk, lane, rows, st);
-  } else {
-    capture<T, nw>(acc, c * kChunk, pend);
-    recompute_part<T, kTail, 0>(p, *pend, bias, lane, rows, block_row0, row0, tail_words);
-    recompute_part<T, kTail, 1>(p, *pend, bias, lane, rows, block_row0, row0, tail_words);
-    recompute_part<T, kTail, 2>(p, *pend, bias, lane, rows, block_row0, row0, tail_words);
-    recompute_part<T, kTail, 3>(p, *pend, bias, lane, rows, block_row0, row0, tail_words);
+  if constexpr (nw > 0) {
+    if (!kRecompute) {
+      forward_epilogue<T, nw>(p, acc, bias, c0, lane, rows, st);
+    } else {
+      capture<T, nw>(acc, c0, pend);
+      recompute_part<T, kTail, 0>(p, *pend, bias, lane, rows, block_row0, row0, tail_words);
+      recompute_part<T, kTail, 1>(p, *pend, bias, lane, rows, block_row0, row0, tail_words);
+    }
   }
 }
 
@@ -185,7 +194,10 @@ __global__ void __launch_bounds__(kThreads) mma_tile_kernel(const Params<T> p) {
   int32_t* const enc_row = reinterpret_cast<int32_t*>(stages + kStages * kStageBytes);
   int32_t* const pred_row = enc_row + kRows;
 
+  float4* const exchange = reinterpret_cast<float4*>(pred_row + kRows);
+
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int group = warp & 3, half = warp >> 2;  // rows 16 group.., columns 64 half.. of a chunk
   const int64_t block_row0 = static_cast<int64_t>(blockIdx.x) * kRows;
   const int chunks = (p.V + kChunk - 1) / kChunk;
   const Operands ops{smem_address(z_tile), smem_address(stages), kblocks, chunks * kblocks};
@@ -196,7 +208,7 @@ __global__ void __launch_bounds__(kThreads) mma_tile_kernel(const Params<T> p) {
   form_block_z<T, kRecompute, kRows, kThreads>(p, z_tile, enc_row, pred_row, block_row0, kblocks);
   // (Z is visible to every warp at the first step's barrier.)
 
-  const int row0 = warp * 16 + (lane >> 2);
+  const int row0 = group * 16 + (lane >> 2);
   const RowInfo rows[2] = {row_info<T, kRecompute>(p, block_row0 + row0),
                            row_info<T, kRecompute>(p, block_row0 + row0 + 8)};
   RowState st;
@@ -206,13 +218,15 @@ __global__ void __launch_bounds__(kThreads) mma_tile_kernel(const Params<T> p) {
   Pending pend;
   uint32_t tail_words[2][4] = {};
   for (int c = 0; c < chunks; ++c) {
-#define TF_RNNT_RUN_CHUNK(nw, tail_chunk)                                                      \
-  run_chunk<T, kRecompute, nw, tail_chunk>(p, ops, c, warp, lane, rows, block_row0, row0, &st, \
-                                           &pend, tail_words)
+#define TF_RNNT_RUN_CHUNK(nw, tail_chunk)                                                        \
+  run_chunk<T, kRecompute, nw, tail_chunk>(p, ops, c, half, group, lane, rows, block_row0, row0, \
+                                           &st, &pend, tail_words)
     if (c < full_chunks) {
-      TF_RNNT_RUN_CHUNK(128, false);
+      TF_RNNT_RUN_CHUNK(64, false);
     } else if (tail == 128) {
-      TF_RNNT_RUN_CHUNK(128, true);
+      TF_RNNT_RUN_CHUNK(64, true);
+    } else if (half == 1) {
+      TF_RNNT_RUN_CHUNK(0, true);
     } else if (tail == 64) {
       TF_RNNT_RUN_CHUNK(64, true);
     } else if (tail == 32) {
@@ -225,16 +239,42 @@ __global__ void __launch_bounds__(kThreads) mma_tile_kernel(const Params<T> p) {
 #undef TF_RNNT_RUN_CHUNK
   }
   if (kRecompute && p.tail_width > 0) {
-    copy_wait<0>();  // the buffers become scratch (sum_tail's first barrier: every warp is done)
-    sum_tail<T, kRows, kThreads>(p, tail_words, lane, row0, z_tile, stages);
+    // The tail chunk (at most 8 columns) is the first half's: its four warps sum it, over the
+    // buffers once every warp is done with them.
+    copy_wait<0>();
+    __syncthreads();
+    if (half == 0) sum_tail<T, kRows, kThreads / 2>(p, tail_words, lane, row0, z_tile, stages);
   }
-  if (!kRecompute) write_forward_rows(p, st, rows, lane);
+  if (!kRecompute) {
+    // The row group's two halves merged, the first half's state first.
+    RowState m = merge_quad(p, st, rows, lane);
+    if (half == 1 && (lane & 3) == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        exchange[row0 + 8 * h] = make_float4(m.lse[h].max, m.lse[h].sum, m.blank[h], m.label[h]);
+      }
+    }
+    __syncthreads();
+    if (half == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float4 o = exchange[row0 + 8 * h];
+        LseState other;
+        other.max = o.x;
+        other.sum = o.y;
+        m.lse[h] = lse_merge(m.lse[h], other);
+        if (p.blank % kChunk >= kHalf) m.blank[h] = o.z;
+        if (rows[h].label >= 0 && rows[h].label % kChunk >= kHalf) m.label[h] = o.w;
+      }
+      store_forward_rows(p, m, rows, lane);
+    }
+  }
 #endif
 }
 
 size_t smem_bytes(const JointShape& s) {
   return static_cast<size_t>(round_up(s.H, kKBlock)) * kRows * 2 + kStages * kStageBytes +
-         kTableBytes + kAlign;
+         kTableBytes + kExchangeBytes + kAlign;
 }
 
 }  // namespace

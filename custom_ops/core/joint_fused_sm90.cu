@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
     // The stage buffers are idle once both warpgroups' wgmmas are done.
     sum_tail<T, kRows, kConsumers>(p, tail_words, lane, row0, z_tile, stages);
   }
-  if (!kRecompute) write_forward_rows(p, st, rows, lane);
+  if (!kRecompute) store_forward_rows(p, merge_quad(p, st, rows, lane), rows, lane);
 #endif
 }
 

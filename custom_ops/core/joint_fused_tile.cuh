@@ -488,11 +488,13 @@ __device__ __forceinline__ void init_row_state(RowState* st) {
   }
 }
 
-// The forward's results once every chunk is done: the quad's four partial rows merged in a fixed
-// order, the picks from the lanes that hold their columns, then lse and the two log-probabilities.
+// The forward's per-row results of a warp once every chunk is done: the quad's four partial rows
+// merged in a fixed order, and the picks from the lanes that hold their columns (every lane of the
+// quad gets them).
 template <typename T>
-__device__ __forceinline__ void write_forward_rows(const Params<T>& p, const RowState& st,
-                                                   const RowInfo (&rows)[2], int lane) {
+__device__ __forceinline__ RowState merge_quad(const Params<T>& p, const RowState& st,
+                                               const RowInfo (&rows)[2], int lane) {
+  RowState m;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     LseState s = st.lse[h];
@@ -503,15 +505,26 @@ __device__ __forceinline__ void write_forward_rows(const Params<T>& p, const Row
       o.sum = __shfl_xor_sync(0xffffffffu, s.sum, offset);
       s = lse_merge(s, o);
     }
+    m.lse[h] = s;
     const int quad = lane & ~3;
-    const float blank = __shfl_sync(0xffffffffu, st.blank[h], quad | ((p.blank & 7) >> 1));
+    m.blank[h] = __shfl_sync(0xffffffffu, st.blank[h], quad | ((p.blank & 7) >> 1));
     const int label = rows[h].label >= 0 ? rows[h].label : 0;
-    const float label_x = __shfl_sync(0xffffffffu, st.label[h], quad | ((label & 7) >> 1));
+    m.label[h] = __shfl_sync(0xffffffffu, st.label[h], quad | ((label & 7) >> 1));
+  }
+  return m;
+}
+
+// lse and the two log-probabilities of the rows, from their merged state (merge_quad).
+template <typename T>
+__device__ __forceinline__ void store_forward_rows(const Params<T>& p, const RowState& m,
+                                                   const RowInfo (&rows)[2], int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
     const RowInfo& r = rows[h];
     if ((lane & 3) == 0 && r.valid) {
-      p.lse[r.node] = lse_value(s);
-      p.lattice[2 * r.padded] = log_softmax_at(blank, s);
-      if (r.label >= 0) p.lattice[2 * r.padded + 1] = log_softmax_at(label_x, s);
+      p.lse[r.node] = lse_value(m.lse[h]);
+      p.lattice[2 * r.padded] = log_softmax_at(m.blank[h], m.lse[h]);
+      if (r.label >= 0) p.lattice[2 * r.padded + 1] = log_softmax_at(m.label[h], m.lse[h]);
     }
   }
 }
