@@ -71,27 +71,22 @@ __device__ __forceinline__ void load_matrices(uint32_t (&r)[2], uint32_t address
                    "=r"(r[1]) : "r"(address));
 }
 
-// d[16 x 8] += a[16 x 16] b[16 x 8], float32 accumulators.
+// d[16 x 8] += a[16 x 16] b[16 x 8], float32 accumulators; TY is T's PTX type name.
 template <typename T>
 __device__ __forceinline__ void mma(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-template <>
-__device__ __forceinline__ void mma<__nv_bfloat16>(float* d, const uint32_t (&a)[4], uint32_t b0,
-                                                   uint32_t b1) {
-  TF_RNNT_SM80_ASM(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n" : "+f"(d[0]),
-      "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
-      "r"(b1));
-}
-template <>
-__device__ __forceinline__ void mma<__half>(float* d, const uint32_t (&a)[4], uint32_t b0,
-                                            uint32_t b1) {
-  TF_RNNT_SM80_ASM(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n" : "+f"(d[0]),
-      "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
-      "r"(b1));
-}
+#define TF_RNNT_MMA_M16N8K16(T, TY)                                                               \
+  template <>                                                                                     \
+  __device__ __forceinline__ void mma<T>(float* d, const uint32_t (&a)[4], uint32_t b0,           \
+                                         uint32_t b1) {                                           \
+    TF_RNNT_SM80_ASM(                                                                             \
+        "mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY                                        \
+        ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n" : "+f"(d[0]),    \
+        "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), \
+        "r"(b1));                                                                                 \
+  }
+TF_RNNT_MMA_M16N8K16(__nv_bfloat16, "bf16")
+TF_RNNT_MMA_M16N8K16(__half, "f16")
+#undef TF_RNNT_MMA_M16N8K16
 
 // Where the block's operands are.
 struct Operands {
@@ -296,14 +291,8 @@ int mma_blocks_per_sm(const JointShape& s) {
 
 template <typename T, bool kRecompute>
 Status launch_mma(const JointShape& s, Params<T> p, cudaStream_t stream) {
-  const size_t bytes = smem_bytes(s);
-  auto kernel = mma_tile_kernel<T, kRecompute>;
-  Status st =
-      cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  if (!st.ok()) return st;
-  const int64_t blocks = (p.rows + kRows - 1) / kRows;
-  kernel<<<static_cast<unsigned>(blocks), kThreads, bytes, stream>>>(p);
-  return last_launch_status();
+  return launch_tile_kernel(mma_tile_kernel<T, kRecompute>, p, kRows, kThreads, smem_bytes(s),
+                            stream);
 }
 
 template Status launch_mma<__half, false>(const JointShape&, Params<__half>, cudaStream_t);

@@ -285,14 +285,8 @@ size_t wgmma_smem_bytes(const JointShape& s) { return smem_bytes(s); }
 
 template <typename T, bool kRecompute>
 Status launch_wgmma(const JointShape& s, Params<T> p, cudaStream_t stream) {
-  const size_t bytes = smem_bytes(s);
-  auto kernel = joint_tile_kernel<T, kRecompute>;
-  Status st =
-      cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  if (!st.ok()) return st;
-  const int64_t blocks = (p.rows + kRows - 1) / kRows;
-  kernel<<<static_cast<unsigned>(blocks), kThreads, bytes, stream>>>(p);
-  return last_launch_status();
+  return launch_tile_kernel(joint_tile_kernel<T, kRecompute>, p, kRows, kThreads, smem_bytes(s),
+                            stream);
 }
 
 template Status launch_wgmma<__half, false>(const JointShape&, Params<__half>, cudaStream_t);

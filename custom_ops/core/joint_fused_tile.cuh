@@ -551,6 +551,18 @@ __device__ __forceinline__ void sum_tail(const Params<T>& p, const uint32_t (&ta
   }
 }
 
+// A tile kernel over p.rows nodes, rows_per_block a block, with `bytes` of dynamic shared memory.
+template <typename Kernel, typename T>
+Status launch_tile_kernel(Kernel kernel, const Params<T>& p, int rows_per_block, int threads,
+                          size_t bytes, cudaStream_t stream) {
+  Status st =
+      cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  if (!st.ok()) return st;
+  const int64_t blocks = (p.rows + rows_per_block - 1) / rows_per_block;
+  kernel<<<static_cast<unsigned>(blocks), threads, bytes, stream>>>(p);
+  return last_launch_status();
+}
+
 // The two kernels' launchers (p filled in but for nothing shape-dependent they own): forward
 // (kRecompute false) or recompute over p.rows nodes; the shared memory a block takes; nodes per
 // block; and blocks an SM holds. The wgmma ones need sm_90a code (TF_RNNT_FUSED_SM90A).

@@ -6,8 +6,8 @@
 //
 // Exit status 0 when every case that ran passed (a missing GPU is reported as skipped, not as
 // passed); 1 otherwise. TF_RNNT_CORE_TEST_REQUIRE_GPU=1 makes a skipped GPU half a failure, and
-// TF_RNNT_CORE_TEST_REQUIRE_FUSED=1 (for a Hopper GPU) a skipped fused-kernel case.
-// TF_RNNT_CORE_TEST_FUSED_ONLY=1 runs only the GPU's fused-kernel cases (say under
+// TF_RNNT_CORE_TEST_REQUIRE_FUSED=1 (for compute capability 8.0 or 9.0) a skipped fused-kernel
+// case. TF_RNNT_CORE_TEST_FUSED_ONLY=1 runs only the GPU's fused-kernel cases (say under
 // compute-sanitizer, whose initcheck does not see what cuBLAS writes).
 #include "core_test.h"
 

@@ -93,7 +93,7 @@ float median(std::vector<float> x) {
 int main(int argc, char** argv) {
   int B = 32, T = 400, U = 128, H = 640, V = 1025, reps = 20;
   int64_t budget_mb = 256;
-  std::string dtype_name = "bfloat16", lengths = "full", kernels = "cublas,fused";
+  std::string dtype_name = "bfloat16", lengths = "full", kernels = "cublas,fused,fused-mma";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--B")

@@ -8,7 +8,7 @@
 #               found, else taken from build/tests/core_test as built elsewhere); cuBLAS from
 #               $TF_RNNT_CUBLAS, default the nvidia-cublas wheel's libcublas.so.*
 #   timing      build/tests/joint_timing: the CUDA launchers timed without TensorFlow, the
-#               cuBLAS path against the fused tile kernels ($TIMING_DTYPES, $TIMING_ARGS)
+#               cuBLAS path against both fused tile kernels ($TIMING_DTYPES, $TIMING_ARGS)
 #   tests       the test suite ($TEST_FILES, default tests/) with GPU memory growth, so that
 #               pytest-xdist workers share the GPU (PYTEST_ARGS="-n 8"; "-k gpu" keeps mostly the
 #               GPU variants)
@@ -70,10 +70,12 @@ for step in "$@"; do
           || { tail -20 "$OUT/core_build.log"; fail core; continue; }
       fi
       [[ -x build/tests/core_test ]] || { fail "core (no nvcc and no build/tests/core_test)"; continue; }
-      # On a Hopper GPU the fused tile kernels must run, not be skipped.
-      hopper=0; [[ $(gpu0 nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1) == 9.0 ]] && hopper=1
+      # On compute capability 8.0 and 9.0 (shared memory for every case's block) the fused tile
+      # kernels must run, not be skipped: the mma.sync ones, and on 9.0 the Hopper ones too.
+      cap=$(gpu0 nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1)
+      fused_required=0; [[ $cap == 8.0 || $cap == 9.0 ]] && fused_required=1
       TF_RNNT_CUBLAS=${TF_RNNT_CUBLAS:-$(cublas_path)} TF_RNNT_CORE_TEST_REQUIRE_GPU=1 \
-        TF_RNNT_CORE_TEST_REQUIRE_FUSED=$hopper \
+        TF_RNNT_CORE_TEST_REQUIRE_FUSED=$fused_required \
         gpu0 build/tests/core_test > "$OUT/core_test.log" 2>&1 || fail core
       grep -E "FAIL|SKIPPED|^CPU:|^GPU:|PASSED" "$OUT/core_test.log" ;;
     timing)
@@ -108,7 +110,7 @@ for step in "$@"; do
           --kernel-name kns=tf_rnnt --error-exitcode 9 build/tests/core_test \
           > "$OUT/sanitizer_core_test.log" 2>&1 || fail "sanitize core_test"
         echo "compute-sanitizer memcheck core_test: $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_core_test.log" | tail -1)"
-        # The fused-kernel cases alone (Hopper), under all three tools: initcheck cannot see what
+        # The fused-kernel cases alone, under all three tools: initcheck cannot see what
         # cuBLAS writes, and only the fused path never reads a buffer that cuBLAS alone wrote.
         for tool in memcheck racecheck initcheck; do
           log="$OUT/sanitizer_core_test_fused_$tool.log"
