@@ -208,8 +208,9 @@ def build(out, jobs, tests=False):
         add(os.path.join(SRC, "core", "joint_fused_sm90.cu"), lambda s, o: [
             nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
             *include, *fused_code, "-c", s, "-o", o])
-        add(os.path.join(SRC, "core", "cublas_loader.cc"),
-            lambda s, o: [cxx, *base, cuda_include, "-c", s, "-o", o])
+        for f in ("cublas_loader.cc", "upload_cuda.cc"):
+            add(os.path.join(SRC, "core", f),
+                lambda s, o: [cxx, *base, cuda_include, "-c", s, "-o", o])
     core_files = ["lattice_cpu.cc", "joint_cpu.cc"] + ([] if nvcc else ["cuda_unavailable.cc"])
     for f in core_files:
         add(os.path.join(SRC, "core", f), lambda s, o: [cxx, *core_flags, "-c", s, "-o", o])

@@ -38,5 +38,6 @@ Status joint_backward_cuda(const JointShape&, const JointOptions&, const JointBa
   return unavailable();
 }
 Status copy_cuda(void*, const void*, size_t, GpuStream) { return unavailable(); }
+Status upload_cuda(void*, const void*, size_t, GpuStream) { return unavailable(); }
 
 }  // namespace tf_rnnt

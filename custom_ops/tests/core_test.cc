@@ -651,6 +651,27 @@ void test_joint_half(Backend* be, Report* report) {
   }
 }
 
+// upload_cuda against the values uploaded: sizes from empty to beyond the staging buffers'
+// first capacity, more uploads than there are buffers (so buffers are reused while earlier
+// copies wait in the stream).
+void test_upload(Backend* be, Report* report) {
+  std::vector<std::vector<int32_t>> sources;
+  for (int i = 0; i < 40; ++i) {
+    const size_t n = i == 5 ? 0 : i == 11 ? 100000 : static_cast<size_t>(1 + 37 * i);
+    std::vector<int32_t> source(n);
+    for (size_t k = 0; k < n; ++k) source[k] = static_cast<int32_t>(1000 * i + k);
+    sources.push_back(source);
+  }
+  std::vector<std::vector<int32_t>> copies;
+  const Status st = be->upload(sources, &copies);
+  bool ok = st.ok() && copies == sources;
+  if (!st.ok()) std::printf("    FAIL upload: %s\n", st.message);
+  for (size_t i = 0; st.ok() && i < sources.size() && i < copies.size(); ++i) {
+    if (copies[i] != sources[i]) std::printf("    FAIL upload %zu: device copy differs\n", i);
+  }
+  record(report, "upload_cuda, 40 uploads behind 20 ms of queued work", ok);
+}
+
 void run_all(Backend* be, Report* report) {
   const bool gpu = std::string(be->name()) == "gpu";
   if (fused_only()) {
@@ -660,6 +681,7 @@ void run_all(Backend* be, Report* report) {
   test_lattice_ops(be, report);
   test_joint(be, report);
   if (gpu) test_joint_half(be, report);
+  if (gpu) test_upload(be, report);
 }
 
 }  // namespace

@@ -48,6 +48,15 @@ class Backend {
                        JointResult* result) = 0;
   // Why the fused tile kernels cannot run the case here (null: they can).
   virtual const char* fused_unavailable(const JointCase&) { return "not a CUDA backend"; }
+  // upload_cuda of each source in turn on one stream, behind queued work, with the host copy
+  // overwritten as soon as each call returns; then the device copies read back. GPU only.
+  virtual Status upload(const std::vector<std::vector<int32_t>>& sources,
+                        std::vector<std::vector<int32_t>>* device_copies) {
+    Status s;
+    s.code = StatusCode::kInvalidArgument;
+    s.message = "not a CUDA backend";
+    return s;
+  }
 };
 
 Backend* cpu_backend();

@@ -10,9 +10,12 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core_test.h"
@@ -76,6 +79,15 @@ class DeviceValues {
   std::unique_ptr<DeviceBuffer<float>> f32_;
   std::unique_ptr<DeviceBuffer<uint16_t>> b16_;
 };
+
+Status cuda_status(cudaError_t err) {
+  Status s;
+  if (err != cudaSuccess) {
+    s.code = StatusCode::kCudaError;
+    s.message = cudaGetErrorName(err);
+  }
+  return s;
+}
 
 // The launcher's status, else the first CUDA error of the launches (synchronized).
 Status finish(Status st) {
@@ -203,6 +215,34 @@ class GpuBackend : public Backend {
 
   const char* fused_unavailable(const JointCase& c) override {
     return fused::unsupported_reason(c.shape, c.options);
+  }
+
+  Status upload(const std::vector<std::vector<int32_t>>& sources,
+                std::vector<std::vector<int32_t>>* device_copies) override {
+    cudaStream_t stream = nullptr;
+    Status st = cuda_status(cudaStreamCreate(&stream));
+    if (!st.ok()) return st;
+    // Work queued ahead of the copies: the stream runs nothing else for 20 ms.
+    st = cuda_status(cudaLaunchHostFunc(
+        stream, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(20)); },
+        nullptr));
+    std::vector<std::unique_ptr<DeviceBuffer<int32_t>>> copies;
+    for (const std::vector<int32_t>& source : sources) {
+      copies.emplace_back(new DeviceBuffer<int32_t>(source.size()));
+      std::vector<int32_t> host = source;
+      if (st.ok()) {
+        st = upload_cuda(copies.back()->ptr, host.data(), host.size() * sizeof(int32_t), stream);
+      }
+      std::fill(host.begin(), host.end(), -7);
+    }
+    if (st.ok()) st = cuda_status(cudaStreamSynchronize(stream));
+    cudaStreamDestroy(stream);
+    device_copies->clear();
+    for (const auto& copy : copies) {
+      device_copies->emplace_back();
+      copy->to_host(&device_copies->back());
+    }
+    return finish(st);
   }
 };
 

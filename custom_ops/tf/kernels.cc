@@ -147,6 +147,13 @@ struct CoreFunctor<CpuDevice> {
     return ctx->input(host_input).flat<int32_t>().data();
   }
 
+  // The joint's labels and lengths (host tensors) as the launchers read them: in place.
+  Status stage_ints(OpKernelContext* /*ctx*/, const Tensor* const (&host)[3], Tensor* /*staged*/,
+                    const int32_t* (&out)[3]) const {
+    for (int i = 0; i < 3; ++i) out[i] = host[i]->flat<int32_t>().data();
+    return Status();
+  }
+
   TF_RNNT_CORE_LAUNCHERS(cpu, parallel_for)
   Status copy(void* dst, const void* src, size_t bytes) const {
     std::memcpy(dst, src, bytes);
@@ -168,6 +175,31 @@ struct CoreFunctor<GpuDevice> {
   // The lengths the launchers read: the device copies (the host copies only plan and validate).
   static const int32_t* lengths(OpKernelContext* ctx, int device_input, int /*host_input*/) {
     return ctx->input(device_input).flat<int32_t>().data();
+  }
+
+  // The joint's labels and lengths (host tensors) as the launchers read them: uploaded into
+  // `staged` on the op's stream. TensorFlow's own copy of the device inputs would keep the op
+  // from starting until its event poller reports the copy done.
+  Status stage_ints(OpKernelContext* ctx, const Tensor* const (&host)[3], Tensor* staged,
+                    const int32_t* (&out)[3]) const {
+    std::vector<int32_t> packed;
+    for (const Tensor* t : host) {
+      packed.insert(packed.end(), t->flat<int32_t>().data(),
+                    t->flat<int32_t>().data() + t->NumElements());
+    }
+    const auto allocated = ctx->allocate_temp(
+        ::tensorflow::DT_INT32, TensorShape({static_cast<int64_t>(packed.size())}), staged);
+    if (!allocated.ok()) {
+      Status s;
+      s.code = StatusCode::kResourceExhausted;
+      s.message = "could not allocate the labels and lengths on the GPU";
+      return s;
+    }
+    int32_t* device = staged->flat<int32_t>().data();
+    for (int i = 0, offset = 0; i < 3; offset += host[i]->NumElements(), ++i) {
+      out[i] = device + offset;
+    }
+    return upload_cuda(device, packed.data(), packed.size() * sizeof(int32_t), stream);
   }
 
   TF_RNNT_CORE_LAUNCHERS(cuda, stream)
@@ -335,7 +367,8 @@ struct JointPlan {
   JointShape shape;
   JointOptions options;
   std::vector<int64_t> host_offsets;
-  JointInputs in;  // in.host.tile_nodes is set by allocate_workspace
+  Tensor staged_ints;  // the labels and lengths on the GPU
+  JointInputs in;      // in.host.tile_nodes is set by allocate_workspace
 
   // host_lengths: the input index of the host logit lengths (label lengths follow it).
   bool init(OpKernelContext* ctx, const JointAttrs& attrs, int host_lengths) {
@@ -387,9 +420,13 @@ struct JointPlan {
     in.predictor = pred.tensor_data().data();
     in.kernel = kernel.tensor_data().data();
     in.bias = bias.tensor_data().data();
-    in.labels = labels.flat<int32_t>().data();
-    in.logit_lengths = Core::lengths(ctx, joint_in::kLogitLengths, host_lengths);
-    in.label_lengths = Core::lengths(ctx, joint_in::kLabelLengths, host_lengths + 1);
+    const Tensor* const host_ints[3] = {&labels, &logit_lengths_host, &label_lengths_host};
+    const int32_t* ints[3];
+    const Status staged = Core(ctx).stage_ints(ctx, host_ints, &staged_ints, ints);
+    TF_RNNT_REQUIRE(ctx, staged.ok(), false, to_tf_status(staged, "joint_lattice"));
+    in.labels = ints[0];
+    in.logit_lengths = ints[1];
+    in.label_lengths = ints[2];
     return true;
   }
 
@@ -571,11 +608,21 @@ REGISTER_KERNEL_BUILDER(Name("TfRnntLatticeLoss")
 REGISTER_FLOAT_KERNELS("TfRnntLogitsToLattice", LogitsToLatticeOp, DEVICE_GPU, GpuDevice,
                        .HostMemory("labels_host").HostMemory("label_lengths_host"))
 REGISTER_FLOAT_KERNELS("TfRnntLogitsToLatticeGrad", LogitsToLatticeGradOp, DEVICE_GPU, GpuDevice)
-REGISTER_FLOAT_KERNELS(
-    "TfRnntJointLattice", JointLatticeOp, DEVICE_GPU, GpuDevice,
-    .HostMemory("labels_host").HostMemory("logit_lengths_host").HostMemory("label_lengths_host"))
+// The joint ops take every int32 input in host memory and upload what their kernels read
+// (CoreFunctor<GpuDevice>::stage_ints).
+REGISTER_FLOAT_KERNELS("TfRnntJointLattice", JointLatticeOp, DEVICE_GPU, GpuDevice,
+                       .HostMemory("labels")
+                           .HostMemory("logit_lengths")
+                           .HostMemory("label_lengths")
+                           .HostMemory("labels_host")
+                           .HostMemory("logit_lengths_host")
+                           .HostMemory("label_lengths_host"))
 REGISTER_FLOAT_KERNELS("TfRnntJointLatticeGrad", JointLatticeGradOp, DEVICE_GPU, GpuDevice,
-                       .HostMemory("logit_lengths_host").HostMemory("label_lengths_host"))
+                       .HostMemory("labels")
+                           .HostMemory("logit_lengths")
+                           .HostMemory("label_lengths")
+                           .HostMemory("logit_lengths_host")
+                           .HostMemory("label_lengths_host"))
 #endif
 
 }  // namespace tf_rnnt

@@ -1,6 +1,7 @@
 // Input positions of the ops, shared by their registrations (ops.cc) and kernels (kernels.cc).
 // Each enum lists the op's inputs in REGISTER_OP order. The *_host inputs repeat an input in host
-// memory (HostMemory in the GPU kernels), so kernels validate and plan without device reads.
+// memory (HostMemory in the GPU kernels), so kernels validate and plan without device reads. The
+// joint ops' GPU kernels take their other int32 inputs in host memory too, and upload them.
 #ifndef TF_RNNT_TF_OP_INPUTS_H_
 #define TF_RNNT_TF_OP_INPUTS_H_
 

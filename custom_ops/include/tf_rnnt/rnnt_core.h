@@ -187,6 +187,11 @@ Status joint_backward_cuda(const JointShape& shape, const JointOptions& options,
 // Device-to-device copy on the stream (the glue's copy of a shared saved_logits buffer).
 Status copy_cuda(void* dst, const void* src, size_t bytes, GpuStream stream);
 
+// Host-to-device copy on the stream through pinned staging buffers, reused once the copies from
+// them are done: the host waits for no earlier work of the stream (as a copy from pageable memory
+// may), and `host` may be released or changed as soon as this returns.
+Status upload_cuda(void* device, const void* host, size_t bytes, GpuStream stream);
+
 }  // namespace tf_rnnt
 
 #endif  // TF_RNNT_RNNT_CORE_H_
