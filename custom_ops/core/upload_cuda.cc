@@ -8,19 +8,11 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "tf_rnnt/cuda_status.h"
 #include "tf_rnnt/rnnt_core.h"
 
 namespace tf_rnnt {
 namespace {
-
-Status cuda_error(cudaError_t err) {
-  Status s;
-  if (err != cudaSuccess) {
-    s.code = StatusCode::kCudaError;
-    s.message = cudaGetErrorName(err);
-  }
-  return s;
-}
 
 // One pinned buffer and the event recorded after the last copy from it.
 struct StagingBuffer {
@@ -54,33 +46,33 @@ Staging* staging_for(int device) {
 Status upload_cuda(void* device, const void* host, size_t bytes, GpuStream stream) {
   if (bytes == 0) return Status();
   int device_id = 0;
-  Status s = cuda_error(cudaGetDevice(&device_id));
+  Status s = cuda_status(cudaGetDevice(&device_id));
   if (!s.ok()) return s;
   Staging* staging = staging_for(device_id);
   std::lock_guard<std::mutex> lock(staging->mutex);
   StagingBuffer& buffer = staging->buffers[staging->next];
   staging->next = (staging->next + 1) % Staging::kBuffers;
-  s = cuda_error(buffer.copied == nullptr
-                     ? cudaEventCreateWithFlags(&buffer.copied, cudaEventDisableTiming)
-                     : cudaEventSynchronize(buffer.copied));
+  s = cuda_status(buffer.copied == nullptr
+                      ? cudaEventCreateWithFlags(&buffer.copied, cudaEventDisableTiming)
+                      : cudaEventSynchronize(buffer.copied));
   if (!s.ok()) return s;
   if (buffer.capacity < bytes) {
     if (buffer.host != nullptr) {
-      s = cuda_error(cudaFreeHost(buffer.host));
+      s = cuda_status(cudaFreeHost(buffer.host));
       if (!s.ok()) return s;
       buffer.host = nullptr;
       buffer.capacity = 0;
     }
     const size_t capacity = std::max(bytes, Staging::kMinBytes);
-    s = cuda_error(cudaHostAlloc(&buffer.host, capacity, cudaHostAllocDefault));
+    s = cuda_status(cudaHostAlloc(&buffer.host, capacity, cudaHostAllocDefault));
     if (!s.ok()) return s;
     buffer.capacity = capacity;
   }
   std::memcpy(buffer.host, host, bytes);
   const auto st = static_cast<cudaStream_t>(stream);
-  s = cuda_error(cudaMemcpyAsync(device, buffer.host, bytes, cudaMemcpyHostToDevice, st));
+  s = cuda_status(cudaMemcpyAsync(device, buffer.host, bytes, cudaMemcpyHostToDevice, st));
   if (!s.ok()) return s;
-  return cuda_error(cudaEventRecord(buffer.copied, st));
+  return cuda_status(cudaEventRecord(buffer.copied, st));
 }
 
 }  // namespace tf_rnnt

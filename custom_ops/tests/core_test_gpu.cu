@@ -20,6 +20,7 @@
 
 #include "core_test.h"
 #include "joint_fused.h"
+#include "tf_rnnt/cuda_status.h"
 #include "tf_rnnt/dtype_cpu.h"
 
 namespace tf_rnnt {
@@ -80,23 +81,10 @@ class DeviceValues {
   std::unique_ptr<DeviceBuffer<uint16_t>> b16_;
 };
 
-Status cuda_status(cudaError_t err) {
-  Status s;
-  if (err != cudaSuccess) {
-    s.code = StatusCode::kCudaError;
-    s.message = cudaGetErrorName(err);
-  }
-  return s;
-}
-
 // The launcher's status, else the first CUDA error of the launches (synchronized).
 Status finish(Status st) {
   const cudaError_t err = cudaDeviceSynchronize();
-  if (st.ok() && err != cudaSuccess) {
-    st.code = StatusCode::kCudaError;
-    st.message = cudaGetErrorName(err);
-  }
-  return st;
+  return st.ok() ? cuda_status(err) : st;
 }
 
 class GpuBackend : public Backend {

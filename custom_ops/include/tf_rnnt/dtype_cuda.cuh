@@ -8,6 +8,7 @@
 
 #include <type_traits>
 
+#include "tf_rnnt/cuda_status.h"
 #include "tf_rnnt/node_math.h"
 #include "tf_rnnt/rnnt_core.h"
 
@@ -45,15 +46,6 @@ void dispatch_dtype_cuda(DType dtype, Fn&& fn) {
       fn(__nv_bfloat16());
       break;
   }
-}
-
-inline Status cuda_status(cudaError_t err) {
-  Status s;
-  if (err != cudaSuccess) {
-    s.code = StatusCode::kCudaError;
-    s.message = cudaGetErrorName(err);
-  }
-  return s;
 }
 
 inline Status last_launch_status() { return cuda_status(cudaGetLastError()); }
