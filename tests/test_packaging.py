@@ -1,5 +1,6 @@
-"""Packaging: top-level names, the build record, GPU kernel registration, the TensorFlow pin,
-the isolated-build message and the GPU-but-CPU-only-library warning.
+"""Packaging: top-level names, the build record, GPU kernel registration (the joint ops' int32
+inputs in host memory), the TensorFlow pin, the isolated-build message and the
+GPU-but-CPU-only-library warning.
 
 The wheel job (tests/run_wheel.sh) sets TF_RNNT_EXPECT_WHEEL=1 and runs this file against the
 installed binary wheel; there the wheel-specific tests run, elsewhere they are skipped.
@@ -59,6 +60,24 @@ def test_build_record_matches_kernel_registry():
     else:
         assert gpu_ops == []
         assert info["cuda_archs"] == [] and info["cuda_ptx"] is None
+
+
+def test_joint_gpu_kernels_take_every_int32_input_in_host_memory():
+    # The joint ops upload their labels and lengths themselves (upload_cuda): an int32 input in
+    # device memory would make TensorFlow copy it first, and the op would wait for that copy.
+    tf_rnnt.library_available()
+    if not tf_rnnt.build_info()["cuda"]:
+        pytest.skip("the op library has no GPU kernels (built without CUDA)")
+    from tensorflow.python.framework import kernels, op_def_registry
+
+    for op in ("TfRnntJointLattice", "TfRnntJointLatticeGrad"):
+        int32_inputs = {arg.name for arg in op_def_registry.get(op).input_arg
+                        if arg.type == tf.int32.as_datatype_enum}
+        gpu_kernels = [k for k in kernels.get_registered_kernels_for_op(op).kernel
+                       if k.device_type == "GPU"]
+        assert len(gpu_kernels) == 3  # float32, float16, bfloat16
+        for kernel in gpu_kernels:
+            assert set(kernel.host_memory_arg) == int32_inputs, (op, list(kernel.host_memory_arg))
 
 
 def _imported_distribution():
