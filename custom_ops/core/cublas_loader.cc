@@ -10,6 +10,7 @@ namespace {
 
 using CreateFn = cublasStatus_t (*)(cublasHandle_t*);
 using SetStreamFn = cublasStatus_t (*)(cublasHandle_t, cudaStream_t);
+using SetMathModeFn = cublasStatus_t (*)(cublasHandle_t, cublasMath_t);
 using GemmExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
                                     int, const void*, const void*, cudaDataType_t, int, const void*,
                                     cudaDataType_t, int, const void*, void*, cudaDataType_t, int,
@@ -18,8 +19,9 @@ using GemmExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOpe
 struct CublasApi {
   CreateFn create = nullptr;
   SetStreamFn set_stream = nullptr;
+  SetMathModeFn set_math_mode = nullptr;
   GemmExFn gemm_ex = nullptr;
-  bool ok() const { return create && set_stream && gemm_ex; }
+  bool ok() const { return create && set_stream && set_math_mode && gemm_ex; }
 };
 
 const CublasApi& api() {
@@ -38,6 +40,7 @@ const CublasApi& api() {
     if (!lib) return a;
     a.create = reinterpret_cast<CreateFn>(dlsym(lib, "cublasCreate_v2"));
     a.set_stream = reinterpret_cast<SetStreamFn>(dlsym(lib, "cublasSetStream_v2"));
+    a.set_math_mode = reinterpret_cast<SetMathModeFn>(dlsym(lib, "cublasSetMathMode"));
     a.gemm_ex = reinterpret_cast<GemmExFn>(dlsym(lib, "cublasGemmEx"));
     return a;
   }();
@@ -64,6 +67,12 @@ Status cublas_handle_for(cudaStream_t stream, cublasHandle_t* handle) {
   if (it == handles.end()) {
     cublasHandle_t h = nullptr;
     if (a.create(&h) != CUBLAS_STATUS_SUCCESS) return blas_error("cublasCreate failed");
+    if (a.set_math_mode(
+            h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                         CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)) !=
+        CUBLAS_STATUS_SUCCESS) {
+      return blas_error("cublasSetMathMode failed");
+    }
     it = handles.emplace(device, h).first;
   }
   if (a.set_stream(it->second, stream) != CUBLAS_STATUS_SUCCESS) {

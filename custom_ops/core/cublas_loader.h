@@ -15,11 +15,16 @@ enum cublasStatus_t { CUBLAS_STATUS_SUCCESS = 0 };
 enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
 enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_32F_FAST_TF32 = 77 };
 enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT = -1 };
+enum cublasMath_t {
+  CUBLAS_DEFAULT_MATH = 0,
+  CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION = 16
+};
 
 namespace tf_rnnt {
 
 // A cuBLAS handle of the calling thread for the current device, bound to stream.
-// Handles are per thread, so concurrent ops never share one.
+// Handles are per thread, so concurrent ops never share one. They disallow reduced-precision
+// reductions: a split-K GEMM with a 16-bit output sums its parts in float32 too.
 Status cublas_handle_for(cudaStream_t stream, cublasHandle_t* handle);
 
 // Row-major C[m, n] (ldc) = alpha * op(A)[m, k] @ op(B)[k, n] + beta * C, via cublasGemmEx.
