@@ -8,7 +8,9 @@
 //             (ordered reductions, no atomics: deterministic).
 // z rows are Hz = hidden_width(s) wide: H activations, a ones column (its d kernel row is
 // d bias), zeros; the GEMMs over H use Hk = H rounded up to 8 columns, so the ones column costs
-// only the d kernel GEMM an extra row.
+// only the d kernel GEMM an extra row. The logits GEMMs read the output layer transposed, and the
+// backward's recompute forms z transposed: every GEMM operand is then K-major but the d kernel
+// GEMM's d logits.
 // Tiled mode keeps the logits tile in the input dtype (float32 accumulation, then rounded, as a
 // Keras mixed-precision Dense layer does); the log-sum-exp and the lattice stay float32.
 // With JointKernel::kFused (joint_fused.h), tiled mode runs the fused tile kernels instead: the
@@ -68,14 +70,18 @@ __global__ void node_offsets_kernel(const int32_t* logit_lengths, const int32_t*
   }
 }
 
-// Kp [Hk, Vp] = [[kernel, 0], [0, 0]]: the zero padding keeps every GEMM operand 16-byte aligned.
+// Kp [Hk, Vp] = [[kernel, 0], [0, 0]] (the zero padding keeps every GEMM operand 16-byte
+// aligned), or with `transposed` Kp^T [Vp, Hk] for the logits GEMM: both of its operands are
+// then K-major, the one layout Hopper's tensor cores take TF32 operands in, and cuBLAS runs it
+// faster in every dtype here (benchmarks/results/rnnt_h200_fused.md).
 template <typename T>
 __global__ void padded_kernel_kernel(const T* __restrict__ kernel, int H, int V, int Hk, int Vp,
-                                     T* __restrict__ out) {
+                                     bool transposed, T* __restrict__ out) {
   const int64_t total = static_cast<int64_t>(Hk) * Vp;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int h = static_cast<int>(i / Vp), v = static_cast<int>(i % Vp);
+    const int h = static_cast<int>(transposed ? i % Hk : i / Vp);
+    const int v = static_cast<int>(transposed ? i / Hk : i % Vp);
     out[i] = (v < V && h < H) ? kernel[static_cast<int64_t>(h) * V + v] : from_float<T>(0.f);
   }
 }
@@ -170,6 +176,75 @@ __global__ void hidden_kernel(int64_t n0, int64_t rows, const T* __restrict__ en
       }
     }
     for (int h = H + lane; h < Hz; h += 32) out[h] = from_float<T>(h == H ? 1.f : 0.f);
+  }
+}
+
+// The same joint values transposed, z^T [Hz, ld] (column r: node n0 + r; columns rows .. ld - 1
+// zero), for the backward's recompute: the d kernel GEMM then reads z K-major, which Hopper's
+// tensor cores need for TF32 and cuBLAS runs faster for 16-bit types too, and the logits GEMM
+// reads it transposed at little cost. Block (32, 8): 32 nodes, located once, through all Hz rows
+// 32 at a time via shared memory (double-buffered: one barrier a step), so that both the reads
+// (along H) and the writes (along the nodes) are coalesced; each step's loads are issued before
+// the previous step's stores.
+constexpr int kTransposeTile = 32, kTransposeRows = 8;
+template <typename T>
+__global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
+    hidden_t_kernel(int64_t n0, int64_t rows, const T* __restrict__ encoder,
+                    const T* __restrict__ predictor, const int64_t* __restrict__ offsets,
+                    const int32_t* __restrict__ label_lengths, int B, int T_max, int U1, int H,
+                    int Hz, Activation activation, int64_t ld, T* __restrict__ z_t) {
+  constexpr int kPerThread = kTransposeTile / kTransposeRows;
+  __shared__ float tile[2][kTransposeTile][kTransposeTile + 1];
+  __shared__ int64_t enc_row[kTransposeTile], pred_row[kTransposeTile];  // -1 past the tile
+  const int x = threadIdx.x, y = threadIdx.y;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kTransposeTile;
+  if (y == 0) {
+    int64_t e = -1, q = -1;
+    if (r0 + x < rows) {
+      const NodeIndex i = locate_node(n0 + r0 + x, offsets, B, label_lengths);
+      e = (static_cast<int64_t>(i.b) * T_max + i.t) * H;
+      q = (static_cast<int64_t>(i.b) * U1 + i.u) * H;
+    }
+    enc_row[x] = e;
+    pred_row[x] = q;
+  }
+  __syncthreads();
+  // Row i = y + k kTransposeRows of the step's tile: node r0 + i, column h0 + x of z.
+  T e_val[kPerThread], p_val[kPerThread];
+  const auto load = [&](int h0) {
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int i = y + k * kTransposeRows, h = h0 + x;
+      e_val[k] = p_val[k] = from_float<T>(0.f);
+      if (enc_row[i] >= 0 && h < H) {
+        e_val[k] = encoder[enc_row[i] + h];
+        p_val[k] = predictor[pred_row[i] + h];
+      }
+    }
+  };
+  load(0);
+  const bool column_in = r0 + x < ld;
+  for (int h0 = 0, step = 0; h0 < Hz; h0 += kTransposeTile, ++step) {
+    float (*t)[kTransposeTile + 1] = tile[step & 1];
+    const int h = h0 + x;
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int i = y + k * kTransposeRows;
+      float v = 0.f;
+      if (enc_row[i] >= 0 && h < H) {
+        v = tile_activate<T>(to_float(e_val[k]) + to_float(p_val[k]), activation);
+      } else if (enc_row[i] >= 0 && h == H) {
+        v = 1.f;
+      }
+      t[i][x] = v;
+    }
+    __syncthreads();
+    if (h0 + kTransposeTile < Hz) load(h0 + kTransposeTile);
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int i = y + k * kTransposeRows;
+      if (column_in && h0 + i < Hz) z_t[(h0 + i) * ld + r0 + x] = from_float<T>(t[x][i]);
+    }
   }
 }
 
@@ -501,10 +576,11 @@ int grid_warps(int64_t rows) {
 // inputs) d logits in T for all nodes.
 template <typename T>
 struct JointBuffers {
-  T* kernel = nullptr;          // [Hk, Vp]
+  T* kernel = nullptr;          // backward: [Hk, Vp] (d hidden)
+  T* kernel_t = nullptr;        // forward, tiled backward: [Vp, Hk] (logits)
   float* bias = nullptr;        // [Vp], -inf padding
-  T* tile_z = nullptr;          // tiled: [tile, Hz]
-  T* tile_logits = nullptr;     // tiled: [tile, Vp]
+  T* tile_z = nullptr;          // tiled: [tile, Hz], or z^T [Hz, tile rounded up to 8]
+  T* tile_logits = nullptr;     // tiled: [tile rounded up to 8, Vp]
   float* d_kernel = nullptr;    // backward: [Hz, Vp] accumulator, d bias in row H
   float* partials = nullptr;    // backward: a tile's d predictor partial sums
   float* tail_sums = nullptr;   // tiled backward, 16-bit T: the fused recompute's tail sums
@@ -525,11 +601,13 @@ struct JointBuffers {
       ptr = origin ? reinterpret_cast<P*>(origin + bytes) : nullptr;
       bytes += align_up(sizeof(P) * count);
     };
-    take(kernel, Hk * Vp);
+    if (backward) take(kernel, Hk * Vp);
+    if (!backward || !untiled) take(kernel_t, Hk * Vp);
     take(bias, Vp);
     if (!untiled) {
-      take(tile_z, tile * Hz);
-      take(tile_logits, tile * Vp);
+      const size_t tile8 = (tile + 7) / 8 * 8;  // the recompute's GEMMs run over a multiple of 8
+      take(tile_z, tile8 * Hz);
+      take(tile_logits, tile8 * Vp);
     }
     if (backward) {
       take(d_kernel, Hz * Vp);
@@ -618,7 +696,7 @@ Status forward(const JointShape& s, const JointOptions& o, const JointForwardArg
     return fused::forward(s, o, fused_tile(in, buf, 0, host.num_nodes), a.lattice, a.lse, stream);
   }
   padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
-      static_cast<const T*>(in.kernel), H, V, Hk, Vp, buf.kernel);
+      static_cast<const T*>(in.kernel), H, V, Hk, Vp, true, buf.kernel_t);
   padded_bias_kernel<T>
       <<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(in.bias), V, Vp, buf.bias);
   node_offsets_kernel<<<1, 1, 0, stream>>>(in.logit_lengths, in.label_lengths, s.B, buf.offsets);
@@ -630,9 +708,9 @@ Status forward(const JointShape& s, const JointOptions& o, const JointForwardArg
     hidden_kernel<T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
         n0, rows, static_cast<const T*>(in.encoder), static_cast<const T*>(in.predictor),
         buf.offsets, in.label_lengths, s.B, s.T, s.U1, H, Hz, o.activation, z);
-    RETURN_IF_ERROR(gemm_row_major(handle, false, false, static_cast<int>(rows), Vp, Hk, z,
-                                   cuda_type<T>(), Hz, buf.kernel, cuda_type<T>(), Vp, 0.f, logits,
-                                   cuda_type<L>(), Vp, o.allow_tf32));
+    RETURN_IF_ERROR(gemm_row_major(handle, false, true, static_cast<int>(rows), Vp, Hk, z,
+                                   cuda_type<T>(), Hz, buf.kernel_t, cuda_type<T>(), Hk, 0.f,
+                                   logits, cuda_type<L>(), Vp, o.allow_tf32));
     picks_kernel<L><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
         n0, rows, logits, buf.bias, in.labels, buf.offsets, in.label_lengths, s.B, s.T, s.U1, Vp,
         o.blank, a.lattice, a.lse);
@@ -682,7 +760,11 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
     }
   }
   padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
-      static_cast<const T*>(in.kernel), H, V, Hk, Vp, buf.kernel);
+      static_cast<const T*>(in.kernel), H, V, Hk, Vp, false, buf.kernel);
+  if (!untiled && !on_chip) {
+    padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
+        static_cast<const T*>(in.kernel), H, V, Hk, Vp, true, buf.kernel_t);
+  }
   padded_bias_kernel<T>
       <<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(in.bias), V, Vp, buf.bias);
   node_offsets_kernel<<<1, 1, 0, stream>>>(in.logit_lengths, in.label_lengths, s.B, buf.offsets);
@@ -693,6 +775,7 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
   for (int64_t n0 = 0; n0 < host.num_nodes; n0 += tile) {
     const int64_t rows = std::min(tile, host.num_nodes - n0);
     const T* z;
+    int z_ld = 0;  // z^T's row stride, or 0: z is [rows, Hz]
     L* logits;
     if (untiled) {
       z = static_cast<const T*>(a.saved_hidden);
@@ -702,14 +785,18 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
                                        buf.tile_z, Hz, buf.tile_logits, Vp, buf.tail_sums, stream));
       logits = reinterpret_cast<L*>(buf.tile_logits);
       z = buf.tile_z;
-    } else {  // recompute the tile (activation checkpointing)
-      hidden_kernel<T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
+    } else {  // recompute the tile (activation checkpointing), z transposed
+      // The GEMMs that run along the nodes take z_ld of them, a multiple of 8 (an unaligned count
+      // sends cuBLAS to far slower kernels); the padding nodes' z and logits are zero.
+      z_ld = round_up_to_8(static_cast<int>(rows));
+      hidden_t_kernel<T><<<static_cast<unsigned>((z_ld + kTransposeTile - 1) / kTransposeTile),
+                           dim3(kTransposeTile, kTransposeRows), 0, stream>>>(
           n0, rows, encoder, predictor, buf.offsets, in.label_lengths, s.B, s.T, s.U1, H, Hz,
-          o.activation, buf.tile_z);
+          o.activation, z_ld, buf.tile_z);
       logits = reinterpret_cast<L*>(buf.tile_logits);
-      RETURN_IF_ERROR(gemm_row_major(handle, false, false, static_cast<int>(rows), Vp, Hk,
-                                     buf.tile_z, cuda_type<T>(), Hz, buf.kernel, cuda_type<T>(), Vp,
-                                     0.f, logits, cuda_type<L>(), Vp, o.allow_tf32));
+      RETURN_IF_ERROR(gemm_row_major(handle, true, true, z_ld, Vp, Hk, buf.tile_z, cuda_type<T>(),
+                                     z_ld, buf.kernel_t, cuda_type<T>(), Hk, 0.f, logits,
+                                     cuda_type<L>(), Vp, o.allow_tf32));
       z = buf.tile_z;
     }
     // d logits over the logits when they share a dtype.
@@ -720,9 +807,10 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
           Vp, o.blank, a.lse, a.d_lattice, d_logits);
     }
     // [d kernel; d bias] += [z, 1]^T @ d logits (ordered over tiles), columns from V0 on chip.
-    RETURN_IF_ERROR(gemm_row_major(
-        handle, true, false, Hz, tail > 0 ? V0 : Vp, static_cast<int>(rows), z, cuda_type<T>(), Hz,
-        d_logits, cuda_type<T>(), Vp, 1.f, buf.d_kernel, CUDA_R_32F, Vp, o.allow_tf32));
+    RETURN_IF_ERROR(gemm_row_major(handle, z_ld == 0, false, Hz, tail > 0 ? V0 : Vp,
+                                   z_ld ? z_ld : static_cast<int>(rows), z, cuda_type<T>(),
+                                   z_ld ? z_ld : Hz, d_logits, cuda_type<T>(), Vp, 1.f,
+                                   buf.d_kernel, CUDA_R_32F, Vp, o.allow_tf32));
     // d hidden = d logits @ Kp^T, over z's buffer in tiled mode (z is not needed any more).
     T* d_hidden = untiled ? buf.d_hidden : buf.tile_z;
     RETURN_IF_ERROR(gemm_row_major(handle, false, true, static_cast<int>(rows), Hk, Vp, d_logits,
