@@ -240,6 +240,22 @@ def test_lattice_loss_padding_is_ignored_and_gets_zero_gradient(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_lattice_loss_more_labels_than_a_block_has_threads(device):
+    # U + 1 = 1101 positions on a diagonal, more than the 1024 threads of the GPU kernel's block:
+    # some threads take two positions. Log-probabilities near 0 keep the costs small: float32
+    # sums along 1100 steps of log-softmax picks would lose the precision asked for here.
+    rng = np.random.default_rng(9)
+    logit_lengths, label_lengths = np.array([5, 4], np.int32), np.array([1100, 700], np.int32)
+    lattice = rng.uniform(-0.05, 0.0, size=(2, 5, 1101, 2)).astype(np.float32)
+    upstream = _upstream(2)
+    costs, grads = oracle.lattice_loss(lattice, logit_lengths, label_lengths, upstream=upstream)
+    got_costs, got_grads = run_lattice_loss(lattice, logit_lengths, label_lengths, upstream,
+                                            device)
+    oracle.assert_close(got_costs, costs, RTOL)
+    oracle.assert_close(got_grads, grads, RTOL)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_lattice_loss_single_node(device):
     # T = 1, no labels: the only path is one blank, so cost = -lattice[0, 0, 0] and its
     # gradient is -1 there.
