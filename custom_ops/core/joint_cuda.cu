@@ -182,17 +182,63 @@ __global__ void hidden_kernel(int64_t n0, int64_t rows, const T* __restrict__ en
 // The same joint values transposed, z^T [Hz, ld] (column r: node n0 + r; columns rows .. ld - 1
 // zero), for the backward's recompute: the d kernel GEMM then reads z K-major, which Hopper's
 // tensor cores need for TF32 and cuBLAS runs faster for 16-bit types too, and the logits GEMM
-// reads it transposed at little cost. Block (32, 8): 32 nodes, located once, through all Hz rows
+// reads it transposed at little cost. For 16-bit types a thread per node: it reads 16 bytes of its
+// encoder and predictor rows at a time (the rest of each sector stays in L1 for its next read),
+// and a warp's 32 consecutive nodes make each of its stores one coalesced run of a z^T row. For
+// float32, whose 16 bytes hold half as many values, hidden_t_shared_kernel is faster
+// (benchmarks/results/rnnt_h200_fused.md).
+constexpr int kTransposeThreads = 256;
+template <typename T>
+__global__ void __launch_bounds__(kTransposeThreads)
+    hidden_t_kernel(int64_t n0, int64_t rows, const T* __restrict__ encoder,
+                    const T* __restrict__ predictor, const int64_t* __restrict__ offsets,
+                    const int32_t* __restrict__ label_lengths, int B, int T_max, int U1, int H,
+                    int Hz, Activation activation, int64_t ld, T* __restrict__ z_t) {
+  constexpr int kPack = 16 / sizeof(T);
+  const int64_t r = blockIdx.x * static_cast<int64_t>(kTransposeThreads) + threadIdx.x;
+  if (r >= ld) return;
+  const T* e = nullptr;
+  const T* p = nullptr;
+  if (r < rows) {
+    const NodeIndex i = locate_node(n0 + r, offsets, B, label_lengths);
+    e = encoder + (static_cast<int64_t>(i.b) * T_max + i.t) * H;
+    p = predictor + (static_cast<int64_t>(i.b) * U1 + i.u) * H;
+  }
+  T* out = z_t + r;
+  const auto put = [&](int h, float v) { out[h * ld] = from_float<T>(v); };
+  int h0 = 0;
+  if (H % kPack == 0) {  // rows 16-byte aligned
+    for (; h0 < H; h0 += kPack) {
+      uint4 e_bits = make_uint4(0, 0, 0, 0), p_bits = e_bits;
+      if (e) {
+        e_bits = *reinterpret_cast<const uint4*>(e + h0);
+        p_bits = *reinterpret_cast<const uint4*>(p + h0);
+      }
+      const T* ev = reinterpret_cast<const T*>(&e_bits);
+      const T* pv = reinterpret_cast<const T*>(&p_bits);
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) {
+        put(h0 + k, e ? tile_activate<T>(to_float(ev[k]) + to_float(pv[k]), activation) : 0.f);
+      }
+    }
+  }
+  for (int h = h0; h < H; ++h) {
+    put(h, e ? tile_activate<T>(to_float(e[h]) + to_float(p[h]), activation) : 0.f);
+  }
+  for (int h = H; h < Hz; ++h) put(h, e && h == H ? 1.f : 0.f);
+}
+
+// hidden_t_kernel for float32: block (32, 8) takes 32 nodes, located once, through all Hz rows
 // 32 at a time via shared memory (double-buffered: one barrier a step), so that both the reads
 // (along H) and the writes (along the nodes) are coalesced; each step's loads are issued before
 // the previous step's stores.
 constexpr int kTransposeTile = 32, kTransposeRows = 8;
 template <typename T>
 __global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
-    hidden_t_kernel(int64_t n0, int64_t rows, const T* __restrict__ encoder,
-                    const T* __restrict__ predictor, const int64_t* __restrict__ offsets,
-                    const int32_t* __restrict__ label_lengths, int B, int T_max, int U1, int H,
-                    int Hz, Activation activation, int64_t ld, T* __restrict__ z_t) {
+    hidden_t_shared_kernel(int64_t n0, int64_t rows, const T* __restrict__ encoder,
+                           const T* __restrict__ predictor, const int64_t* __restrict__ offsets,
+                           const int32_t* __restrict__ label_lengths, int B, int T_max, int U1,
+                           int H, int Hz, Activation activation, int64_t ld, T* __restrict__ z_t) {
   constexpr int kPerThread = kTransposeTile / kTransposeRows;
   __shared__ float tile[2][kTransposeTile][kTransposeTile + 1];
   __shared__ int64_t enc_row[kTransposeTile], pred_row[kTransposeTile];  // -1 past the tile
@@ -789,10 +835,19 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
       // The GEMMs that run along the nodes take z_ld of them, a multiple of 8 (an unaligned count
       // sends cuBLAS to far slower kernels); the padding nodes' z and logits are zero.
       z_ld = round_up_to_8(static_cast<int>(rows));
-      hidden_t_kernel<T><<<static_cast<unsigned>((z_ld + kTransposeTile - 1) / kTransposeTile),
-                           dim3(kTransposeTile, kTransposeRows), 0, stream>>>(
-          n0, rows, encoder, predictor, buf.offsets, in.label_lengths, s.B, s.T, s.U1, H, Hz,
-          o.activation, z_ld, buf.tile_z);
+      if constexpr (sizeof(T) == sizeof(float)) {
+        hidden_t_shared_kernel<T>
+            <<<static_cast<unsigned>((z_ld + kTransposeTile - 1) / kTransposeTile),
+               dim3(kTransposeTile, kTransposeRows), 0, stream>>>(
+                n0, rows, encoder, predictor, buf.offsets, in.label_lengths, s.B, s.T, s.U1, H, Hz,
+                o.activation, z_ld, buf.tile_z);
+      } else {
+        hidden_t_kernel<T>
+            <<<static_cast<unsigned>((z_ld + kTransposeThreads - 1) / kTransposeThreads),
+               kTransposeThreads, 0, stream>>>(n0, rows, encoder, predictor, buf.offsets,
+                                               in.label_lengths, s.B, s.T, s.U1, H, Hz,
+                                               o.activation, z_ld, buf.tile_z);
+      }
       logits = reinterpret_cast<L*>(buf.tile_logits);
       RETURN_IF_ERROR(gemm_row_major(handle, true, true, z_ld, Vp, Hk, buf.tile_z, cuda_type<T>(),
                                      z_ld, buf.kernel_t, cuda_type<T>(), Hk, 0.f, logits,
