@@ -1,13 +1,15 @@
 // Times the CUDA joint launchers directly (no TensorFlow): forward and backward of the tiled joint
-// with each GPU kernel path, on random inputs, with CUDA events (median of the repetitions).
+// with each GPU kernel path, and of untiled mode, on random inputs, with CUDA events (median of
+// the repetitions).
 //
 //   build/tests/joint_timing [--B 32 --T 400 --U 128 --H 640 --V 1025] [--dtype bfloat16]
 //                            [--lengths full|ragged] [--reps 20] [--budget-mb 256]
-//                            [--kernels cublas,fused,fused-mma]
+//                            [--kernels cublas,fused,fused-mma,untiled]
 //
 // cuBLAS is loaded as in core_test ($TF_RNNT_CUBLAS, else the usual library names). The tile
-// size follows the op's GPU default: as many nodes as fit the memory budget. The GEMM rate counts
-// the four GEMMs of 2 N H V each (N lattice nodes), whatever a path recomputes.
+// size follows the op's GPU default: as many nodes as fit the memory budget (untiled: every node,
+// the budget aside). The GEMM rate counts the four GEMMs of 2 N H V each (N lattice nodes),
+// whatever a path recomputes.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
@@ -186,16 +188,26 @@ int main(int argc, char** argv) {
     o.kernel = name == "fused"       ? JointKernel::kFused
                : name == "fused-mma" ? JointKernel::kFusedMma
                                      : JointKernel::kCublas;
+    const bool untiled = name == "untiled";
     const int64_t per_node =
         (static_cast<int64_t>(joint_workspace_bytes_cuda(s, o, 2048, true, false)) -
          static_cast<int64_t>(joint_workspace_bytes_cuda(s, o, 1024, true, false))) /
         1024;
-    const int64_t tile = std::max<int64_t>(
-        1, std::min<int64_t>(N, (budget_mb << 20) / std::max<int64_t>(per_node, 1)));
-    const size_t bytes = std::max(joint_workspace_bytes_cuda(s, o, tile, false, false),
-                                  joint_workspace_bytes_cuda(s, o, tile, true, false));
+    const int64_t tile =
+        untiled ? N
+                : std::max<int64_t>(
+                      1, std::min<int64_t>(N, (budget_mb << 20) / std::max<int64_t>(per_node, 1)));
+    const size_t bytes = std::max(joint_workspace_bytes_cuda(s, o, tile, false, untiled),
+                                  joint_workspace_bytes_cuda(s, o, tile, true, untiled));
     void* workspace = nullptr;
     CHECK_CUDA(cudaMalloc(&workspace, bytes));
+    const JointSavedSizes kept = joint_saved_sizes_cuda(s, untiled ? N : 0);
+    void* saved_hidden = nullptr;
+    float* saved_logits = nullptr;
+    if (untiled) {
+      CHECK_CUDA(cudaMalloc(&saved_hidden, std::max<size_t>(kept.hidden * dtype_size(dtype), 1)));
+      CHECK_CUDA(cudaMalloc(&saved_logits, std::max<size_t>(kept.logits * sizeof(float), 1)));
+    }
     JointInputs in;
     in.encoder = enc;
     in.predictor = pred;
@@ -214,6 +226,8 @@ int main(int argc, char** argv) {
     f.workspace = workspace;
     f.lattice = lattice;
     f.lse = lse;
+    f.saved_hidden = saved_hidden;
+    f.saved_logits = saved_logits;
     JointBackwardArgs g;
     g.in = in;
     g.workspace = workspace;
@@ -223,6 +237,8 @@ int main(int argc, char** argv) {
     g.d_predictor = grads[1];
     g.d_kernel = grads[2];
     g.d_bias = grads[3];
+    g.saved_hidden = saved_hidden;
+    g.saved_logits = saved_logits;
     std::vector<float> fwd, bwd;
     for (int r = 0; r < reps + 3; ++r) {
       CHECK_CUDA(cudaEventRecord(e0, stream));
@@ -243,6 +259,8 @@ int main(int argc, char** argv) {
     std::printf("| %s | %lld | %.2f ms | %.2f ms | %.2f ms | %.0f TFLOP/s |\n", name.c_str(),
                 static_cast<long long>(tile), tf, tb, tf + tb, flop / ((tf + tb) * 1e-3) / 1e12);
     CHECK_CUDA(cudaFree(workspace));
+    CHECK_CUDA(cudaFree(saved_hidden));
+    CHECK_CUDA(cudaFree(saved_logits));
   }
   return 0;
 }
