@@ -128,8 +128,8 @@ for step in "$@"; do
             gpu0 compute-sanitizer --tool racecheck --print-limit 100000 build/tests/core_test \
             > "$log" 2>&1 || fail "sanitize core_test fused racecheck $family"
           # A hazard is two lines: "Race reported between ... access at <kernel>" and "and ...".
-          ours=$(grep -A1 'Race reported' "$log" |
-            awk '/Race reported/ {r = $0; next} (r $0) ~ /tf_rnnt/ {n++} END {print n + 0}')
+          ours=$(awk '/Race reported/ {r = $0; next}
+            r != "" {if ((r $0) ~ /tf_rnnt/) n++; r = ""} END {print n + 0}' "$log")
           others=$(grep -c 'Race reported' "$log")
           grep -q 'Internal Sanitizer Error' "$log" && fail "racecheck $family: internal error"
           [[ $ours == 0 ]] || fail "racecheck $family: hazards in tf_rnnt kernels"
