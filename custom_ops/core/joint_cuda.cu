@@ -616,6 +616,37 @@ int grid_warps(int64_t rows) {
     if (!_status.ok()) return _status; \
   } while (0)
 
+// Whether a tiled pass runs the fused kernels (options.kernel, joint_fused.h).
+Status use_fused(const JointShape& s, const JointOptions& o, bool untiled, bool* on_chip) {
+  *on_chip = false;
+  if (untiled || o.kernel == JointKernel::kCublas) return Status();
+  // kAuto takes the Hopper kernels where they apply: faster than the cuBLAS path on an H200, where
+  // the mma.sync ones are slower (benchmarks/results/rnnt_h200_fused.md).
+  if (o.kernel == JointKernel::kAuto) {
+    *on_chip = fused::kernels_for(s, o) == fused::Kernels::kWgmma;
+    return Status();
+  }
+  const char* why = fused::unsupported_reason(s, o);
+  if (why) {
+    Status st;
+    st.code = StatusCode::kInvalidArgument;
+    st.message = why;
+    return st;
+  }
+  *on_chip = true;
+  return Status();
+}
+
+// Width of a pass's logits rows (Vp): a multiple of 8 for aligned tensor-core GEMMs, of 64 where
+// the fused recompute writes d logits, which the d hidden GEMM sums over (cuBLAS runs K = 1088
+// faster than K = 1032 for V = 1025; rnnt_h200_fused.md). Errors are the pass's to report.
+int pass_logits_width(const JointShape& s, const JointOptions& o, bool untiled) {
+  bool on_chip = false;
+  const Status ignored = use_fused(s, o, untiled, &on_chip);
+  (void)ignored;
+  return on_chip ? (s.V + 63) / 64 * 64 : logits_width(s);
+}
+
 // Carves the workspace into the buffers of one pass (with a null base it only counts bytes).
 // Tiled mode: z (later d hidden) and logits (later d logits) in the input dtype T. Untiled mode:
 // the kept tensors (joint values in T, logits in float32) plus, backward, d hidden and (half
@@ -636,11 +667,13 @@ struct JointBuffers {
   float* fused_bias = nullptr;  // 16-bit T: and bias
   int64_t* offsets = nullptr;   // [B + 1] packed node offsets
   GradAccumulators acc;         // backward, 16-bit T (float32 T accumulates in the outputs)
+  int Vp = 0;                   // pass_logits_width
   size_t bytes = 0;
 
-  JointBuffers(void* base, const JointShape& s, size_t tile, bool backward, bool untiled) {
+  JointBuffers(void* base, const JointShape& s, const JointOptions& o, size_t tile, bool backward,
+               bool untiled)
+      : Vp(pass_logits_width(s, o, untiled)) {
     const size_t Hk = round_up_to_8(s.H), Hz = hidden_width(s);
-    const size_t Vp = logits_width(s);
     char* origin = static_cast<char*>(base);
     auto take = [&](auto*& ptr, size_t count) {
       using P = typename std::remove_reference<decltype(*ptr)>::type;
@@ -680,27 +713,6 @@ struct JointBuffers {
   }
 };
 
-// Whether a tiled pass runs the fused kernels (options.kernel, joint_fused.h).
-Status use_fused(const JointShape& s, const JointOptions& o, bool untiled, bool* on_chip) {
-  *on_chip = false;
-  if (untiled || o.kernel == JointKernel::kCublas) return Status();
-  // kAuto takes the Hopper kernels where they apply: faster than the cuBLAS path on an H200, where
-  // the mma.sync ones are slower (benchmarks/results/rnnt_h200_fused.md).
-  if (o.kernel == JointKernel::kAuto) {
-    *on_chip = fused::kernels_for(s, o) == fused::Kernels::kWgmma;
-    return Status();
-  }
-  const char* why = fused::unsupported_reason(s, o);
-  if (why) {
-    Status st;
-    st.code = StatusCode::kInvalidArgument;
-    st.message = why;
-    return st;
-  }
-  *on_chip = true;
-  return Status();
-}
-
 template <typename T>
 fused::Tile fused_tile(const JointInputs& in, const JointBuffers<T>& buf, int64_t n0,
                        int64_t rows) {
@@ -723,7 +735,7 @@ Status forward(const JointShape& s, const JointOptions& o, const JointForwardArg
                cudaStream_t stream) {
   const JointInputs& in = a.in;
   const HostPlan& host = in.host;
-  const int H = s.H, V = s.V, Vp = logits_width(s);
+  const int H = s.H, V = s.V;
   const int Hz = hidden_width(s), Hk = round_up_to_8(H);
   RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(
       a.lattice, 0, sizeof(float) * 2 * static_cast<size_t>(s.B) * s.T * s.U1, stream)));
@@ -732,7 +744,8 @@ Status forward(const JointShape& s, const JointOptions& o, const JointForwardArg
   RETURN_IF_ERROR(cublas_handle_for(stream, &handle));
   const bool untiled = a.saved_logits != nullptr;
   const int64_t tile = untiled ? host.num_nodes : host.tile_nodes;
-  const JointBuffers<T> buf(a.workspace, s, tile, false, untiled);
+  const JointBuffers<T> buf(a.workspace, s, o, tile, false, untiled);
+  const int Vp = buf.Vp;
   bool on_chip = false;
   RETURN_IF_ERROR(use_fused(s, o, untiled, &on_chip));
   if (on_chip) {  // every node in one launch: the kernels keep no tile buffer
@@ -772,7 +785,7 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
                         cudaStream_t stream) {
   const JointInputs& in = a.in;
   const HostPlan& host = in.host;
-  const int H = s.H, V = s.V, Vp = logits_width(s);
+  const int H = s.H, V = s.V, Vp = buf.Vp;
   const int Hz = hidden_width(s), Hk = round_up_to_8(H);
   const GradSizes sizes(s);
   RETURN_IF_ERROR(
@@ -803,6 +816,13 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
     if (tail > 0) {
       RETURN_IF_ERROR(
           cuda_status(cudaMemsetAsync(buf.tail_sums, 0, sizeof(float) * tail_floats, stream)));
+    }
+    // The d logits columns past the recompute's, which the d hidden GEMM sums over: zeros.
+    const int written = logits_width(s);
+    if (Vp > written) {
+      RETURN_IF_ERROR(cuda_status(cudaMemset2DAsync(
+          buf.tile_logits + written, sizeof(T) * Vp, 0, sizeof(T) * (Vp - written),
+          static_cast<size_t>((buffer_tile + 7) / 8 * 8), stream)));
     }
   }
   padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
@@ -903,7 +923,7 @@ Status backward(const JointShape& s, const JointOptions& o, const JointBackwardA
                 cudaStream_t stream) {
   const bool untiled = a.saved_logits != nullptr;
   const int64_t tile = untiled ? a.in.host.num_nodes : a.in.host.tile_nodes;
-  const JointBuffers<T> buf(a.workspace, s, tile, true, untiled);
+  const JointBuffers<T> buf(a.workspace, s, o, tile, true, untiled);
   constexpr bool kFloat = std::is_same<T, float>::value;
   const GradAccumulators acc = kFloat ? GradAccumulators::of_outputs(a) : buf.acc;
   RETURN_IF_ERROR((accumulate_grads<T, L>(s, o, a, buf, acc, stream)));
@@ -928,7 +948,8 @@ size_t joint_workspace_bytes_cuda(const JointShape& s, const JointOptions& optio
   size_t bytes = 0;
   dispatch_dtype_cuda(options.dtype, [&](auto tag) {
     bytes =
-        JointBuffers<decltype(tag)>(nullptr, s, static_cast<size_t>(tile_nodes), backward, untiled)
+        JointBuffers<decltype(tag)>(nullptr, s, options, static_cast<size_t>(tile_nodes), backward,
+                                    untiled)
             .bytes;
   });
   return bytes;
