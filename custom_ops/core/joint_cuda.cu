@@ -74,14 +74,16 @@ __global__ void node_offsets_kernel(const int32_t* logit_lengths, const int32_t*
 // aligned), or with `transposed` Kp^T [Vp, Hk] for the logits GEMM: both of its operands are
 // then K-major, the one layout Hopper's tensor cores take TF32 operands in, and cuBLAS runs it
 // faster in every dtype here (benchmarks/results/rnnt_h200_fused.md).
+// `permuted` > 0: its columns below `permuted` in the fused recompute's d logits order
+// (fused::stored_column).
 template <typename T>
 __global__ void padded_kernel_kernel(const T* __restrict__ kernel, int H, int V, int Hk, int Vp,
-                                     bool transposed, T* __restrict__ out) {
+                                     bool transposed, int permuted, T* __restrict__ out) {
   const int64_t total = static_cast<int64_t>(Hk) * Vp;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int h = static_cast<int>(transposed ? i % Hk : i / Vp);
-    const int v = static_cast<int>(transposed ? i / Hk : i % Vp);
+    const int v = fused::stored_column(static_cast<int>(transposed ? i / Hk : i % Vp), permuted);
     out[i] = (v < V && h < H) ? kernel[static_cast<int64_t>(h) * V + v] : from_float<T>(0.f);
   }
 }
@@ -125,14 +127,16 @@ __global__ void tail_grad_kernel(const float* __restrict__ sums, int64_t slots, 
   }
 }
 
-// d kernel (rows < H) and d bias (row H) out of the padded accumulator.
+// d kernel (rows < H) and d bias (row H) out of the padded accumulator, whose columns below
+// `permuted` are in the fused recompute's d logits order (fused::stored_column).
 __global__ void unpad_grad_kernel(const float* __restrict__ padded, int H, int V, int Vp,
-                                  float* __restrict__ d_kernel, float* __restrict__ d_bias) {
+                                  int permuted, float* __restrict__ d_kernel,
+                                  float* __restrict__ d_bias) {
   const int64_t total = static_cast<int64_t>(H + 1) * V;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int h = static_cast<int>(i / V), v = static_cast<int>(i % V);
-    const float g = padded[static_cast<int64_t>(h) * Vp + v];
+    const float g = padded[static_cast<int64_t>(h) * Vp + fused::stored_column(v, permuted)];
     if (h < H)
       d_kernel[i] = g;
     else
@@ -755,7 +759,7 @@ Status forward(const JointShape& s, const JointOptions& o, const JointForwardArg
     return fused::forward(s, o, fused_tile(in, buf, 0, host.num_nodes), a.lattice, a.lse, stream);
   }
   padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
-      static_cast<const T*>(in.kernel), H, V, Hk, Vp, true, buf.kernel_t);
+      static_cast<const T*>(in.kernel), H, V, Hk, Vp, true, 0, buf.kernel_t);
   padded_bias_kernel<T>
       <<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(in.bias), V, Vp, buf.bias);
   node_offsets_kernel<<<1, 1, 0, stream>>>(in.logit_lengths, in.label_lengths, s.B, buf.offsets);
@@ -825,11 +829,13 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
           static_cast<size_t>((buffer_tile + 7) / 8 * 8), stream)));
     }
   }
+  // The fused recompute's d logits columns, as it stores them.
+  const int permuted = on_chip ? fused::permuted_columns(V) : 0;
   padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
-      static_cast<const T*>(in.kernel), H, V, Hk, Vp, false, buf.kernel);
+      static_cast<const T*>(in.kernel), H, V, Hk, Vp, false, permuted, buf.kernel);
   if (!untiled && !on_chip) {
     padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
-        static_cast<const T*>(in.kernel), H, V, Hk, Vp, true, buf.kernel_t);
+        static_cast<const T*>(in.kernel), H, V, Hk, Vp, true, 0, buf.kernel_t);
   }
   padded_bias_kernel<T>
       <<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(in.bias), V, Vp, buf.bias);
@@ -914,7 +920,7 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
         buf.tail_sums, slots, tail, H, V0, Vp, buf.d_kernel);
   }
   unpad_grad_kernel<<<blocks_for(static_cast<int64_t>(H + 1) * V, 256), 256, 0, stream>>>(
-      buf.d_kernel, H, V, Vp, acc.d_kernel, acc.d_bias);
+      buf.d_kernel, H, V, Vp, permuted, acc.d_kernel, acc.d_bias);
   return last_launch_status();
 }
 
@@ -947,10 +953,9 @@ size_t joint_workspace_bytes_cuda(const JointShape& s, const JointOptions& optio
                                   int64_t tile_nodes, bool backward, bool untiled) {
   size_t bytes = 0;
   dispatch_dtype_cuda(options.dtype, [&](auto tag) {
-    bytes =
-        JointBuffers<decltype(tag)>(nullptr, s, options, static_cast<size_t>(tile_nodes), backward,
-                                    untiled)
-            .bytes;
+    bytes = JointBuffers<decltype(tag)>(nullptr, s, options, static_cast<size_t>(tile_nodes),
+                                        backward, untiled)
+                .bytes;
   });
   return bytes;
 }

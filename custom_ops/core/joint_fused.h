@@ -65,9 +65,21 @@ struct Tile {
 Status forward(const JointShape& shape, const JointOptions& options, const Tile& tile,
                float* lattice, float* lse, cudaStream_t stream);
 
-// d logits [rows, logits width] (dtype, zero padding columns) and the joint values
-// [rows, hidden width] (dtype: H activations, a ones column, zeros), as joint_cuda.cu lays out
-// its tile buffers; with tail_columns > 0, the tail columns' [z, 1]^T d logits added to
+// Where the recompute stores d logits column v: within each group of 32 columns below
+// permuted_columns(V) (the whole chunks of 128), 2-column pair (8 a + 2 b) goes to 8 b + 2 a, so
+// that each thread stores the pairs its tensor-core fragment holds in one 16-byte access. The map
+// is its own inverse; the backward GEMMs take the output layer's columns and give d kernel's in
+// that order.
+__host__ __device__ inline int permuted_columns(int V) { return V / 128 * 128; }
+__host__ __device__ inline int stored_column(int v, int permuted) {
+  if (v >= permuted) return v;
+  const int o = v & 31;
+  return (v & ~31) | ((o & 6) << 2) | ((o >> 3) << 1) | (o & 1);
+}
+
+// d logits [rows, logits width] (dtype, columns placed by stored_column, zero padding) and the
+// joint values [rows, hidden width] (dtype: H activations, a ones column, zeros), as joint_cuda.cu
+// lays out its tile buffers; with tail_columns > 0, the tail columns' [z, 1]^T d logits added to
 // tail_sums (tail_sum_floats; block k of every tile adds to slot k, in tile order).
 Status recompute(const JointShape& shape, const JointOptions& options, const Tile& tile,
                  const float* lse, const float* d_lattice, void* z_out, int z_width, void* d_logits,

@@ -231,8 +231,9 @@ __device__ __forceinline__ void forward_epilogue(const Params<T>& p, const float
 // Part `part` of the pending chunk (blocks 4 part .. 4 part + 3; those past pend.blocks are
 // masked) in the recompute: d logits = g_blank (1[v = blank] - p_v) + g_label (1[v = label] - p_v)
 // (logit_grad, node_math.h, with exp_shifted), the indicator terms added only in the part that
-// holds their column, columns past V zeroed only in the tail chunk (kTail). Each lane stores 8
-// columns in one 16-byte access after the quad swaps its pairs.
+// holds their column, columns past V zeroed only in the tail chunk (kTail). Each lane stores its
+// four pairs in one 16-byte access: of a whole chunk as they are (stored_column, joint_fused.h),
+// of the tail chunk, in column order, after the quad swaps them.
 template <typename T, bool kTail, int part>
 __device__ __forceinline__ void recompute_part(const Params<T>& p, const Pending& pend,
                                                const float (&bias)[kChunk / 4], int lane,
@@ -275,6 +276,14 @@ __device__ __forceinline__ void recompute_part(const Params<T>& p, const Pending
     uint32_t group[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) group[j] = live ? pack2<T>(g[2 * j], g[2 * j + 1]) : 0u;
+    if (!kTail) {  // a whole chunk: the pairs as the fragment holds them (stored_column)
+      if (r.valid) {
+        T* out = p.d_logits + (block_row0 + row0 + 8 * half) * p.logits_width;
+        *reinterpret_cast<uint4*>(out + first_col + 8 * quad_lane) =
+            make_uint4(group[0], group[1], group[2], group[3]);
+      }
+      continue;
+    }
     // Lane q of the quad gathers block j0 + q: word k of it from lane k.
     uint32_t u[4];
     const uint32_t own = select(group, quad_lane);
