@@ -283,8 +283,10 @@ def joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, label
 
     mode="tiled" keeps only per-node statistics (the log-sum-exp) and recomputes each tile's
     joint values and logits in the backward pass. mode="untiled" keeps the joint values
-    `[N, H]` and float32 logits `[N, V]` (N = valid nodes) from the forward pass and
-    overwrites the logits with their gradient in the backward pass.
+    `[N, H]` and the logits `[N, V]` (N = valid nodes) from the forward pass and
+    overwrites the logits with their gradient in the backward pass: float32 logits, except
+    where the GPU's fused tile kernels run (16-bit inputs), which keep them in the input dtype
+    as tiled mode rounds them.
 
     The tile is `tile_size` nodes, else as many as fit `memory_budget` bytes of workspace
     (default `DEFAULT_MEMORY_BUDGET` = 256 MiB on the GPU, `DEFAULT_CPU_MEMORY_BUDGET` = 64 MiB

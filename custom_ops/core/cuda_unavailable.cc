@@ -28,7 +28,9 @@ Status logits_to_lattice_grad_cuda(const void*, DType, const int32_t*, int, int,
 size_t joint_workspace_bytes_cuda(const JointShape&, const JointOptions&, int64_t, bool, bool) {
   return 0;
 }
-JointSavedSizes joint_saved_sizes_cuda(const JointShape&, int64_t) { return JointSavedSizes(); }
+JointSavedSizes joint_saved_sizes_cuda(const JointShape&, const JointOptions&, int64_t) {
+  return JointSavedSizes();
+}
 Status joint_forward_cuda(const JointShape&, const JointOptions&, const JointForwardArgs&,
                           GpuStream) {
   return unavailable();

@@ -371,7 +371,8 @@ size_t joint_workspace_bytes_cpu(const JointShape& shape, const JointOptions& op
          CpuBuffers(nullptr, shape, options.dtype, tile_nodes, backward, untiled).floats;
 }
 
-JointSavedSizes joint_saved_sizes_cpu(const JointShape& shape, int64_t num_nodes) {
+JointSavedSizes joint_saved_sizes_cpu(const JointShape& shape, const JointOptions&,
+                                      int64_t num_nodes) {
   JointSavedSizes sizes;
   sizes.hidden = num_nodes * shape.H;
   sizes.logits = num_nodes * shape.V;

@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 
 #include "cublas_loader.h"
 #include "joint_fused.h"
@@ -88,12 +89,13 @@ __global__ void padded_kernel_kernel(const T* __restrict__ kernel, int H, int V,
   }
 }
 
-// bias as float32 [Vp], -inf in the padding columns (they then drop out of the log-sum-exp).
+// bias as float32 [Vp], -inf in the padding columns (they then drop out of the log-sum-exp);
+// columns below `permuted` in the fused kernels' order (fused::stored_column).
 template <typename T>
-__global__ void padded_bias_kernel(const T* __restrict__ bias, int V, int Vp,
+__global__ void padded_bias_kernel(const T* __restrict__ bias, int V, int Vp, int permuted,
                                    float* __restrict__ out) {
   for (int v = blockIdx.x * blockDim.x + threadIdx.x; v < Vp; v += gridDim.x * blockDim.x) {
-    out[v] = v < V ? to_float(bias[v]) : kNegInf;
+    out[v] = v < V ? to_float(bias[fused::stored_column(v, permuted)]) : kNegInf;
   }
 }
 
@@ -337,36 +339,45 @@ __global__ void picks_kernel(int64_t n0, int64_t rows, const L* __restrict__ log
 }
 
 // d logits from the per-node lattice gradients (may write over the logits, pack by pack);
-// zeros in the padding columns so the GEMMs that read d logits see no garbage.
+// zeros in the padding columns so the GEMMs that read d logits see no garbage. Columns below
+// `permuted` are in the fused kernels' order (fused::stored_column), and so is bias: only the
+// blank's and the label's places move (the columns below `permuted` are all below V). Packs
+// wholly past V are not read (the fused forward leaves them unwritten).
 template <typename L, typename T>
 __global__ void logit_grads_kernel(int64_t n0, int64_t rows, const L* logits,
                                    const float* __restrict__ bias,
                                    const int32_t* __restrict__ labels,
                                    const int64_t* __restrict__ offsets,
                                    const int32_t* __restrict__ label_lengths, int B, int T_max,
-                                   int U1, int V, int Vp, int blank, const float* __restrict__ lse,
+                                   int U1, int V, int Vp, int permuted, int blank,
+                                   const float* __restrict__ lse,
                                    const float* __restrict__ d_lattice, T* d_logits) {
   constexpr int kPack = 16 / sizeof(L);
   const int lane = threadIdx.x & 31;
+  const int blank_at = fused::stored_column(blank, permuted);
   for (int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + (threadIdx.x >> 5); r < rows;
        r += static_cast<int64_t>(gridDim.x) * kWarps) {
     const int64_t n = n0 + r;
     const NodeIndex i = locate_node(n, offsets, B, label_lengths);
     const int64_t padded = (static_cast<int64_t>(i.b) * T_max + i.t) * U1 + i.u;
     const bool has_label = i.u < label_lengths[i.b];
-    const int label = has_label ? labels[static_cast<int64_t>(i.b) * (U1 - 1) + i.u] : -1;
+    const int label_at =
+        has_label
+            ? fused::stored_column(labels[static_cast<int64_t>(i.b) * (U1 - 1) + i.u], permuted)
+            : -1;
     const float g_blank = d_lattice[2 * padded];
     const float g_label = has_label ? d_lattice[2 * padded + 1] : 0.f;
     const float total = lse[n];
     const L* row = logits + r * Vp;
     T* out = d_logits + r * Vp;
     for (int v = lane * kPack; v < Vp; v += 32 * kPack) {
-      const Pack<L, kPack> packed = *reinterpret_cast<const Pack<L, kPack>*>(row + v);
+      Pack<L, kPack> packed{};
+      if (v < V) packed = *reinterpret_cast<const Pack<L, kPack>*>(row + v);
       Pack<T, kPack> grads;
 #pragma unroll
       for (int k = 0; k < kPack; ++k) {
         const float g = v + k < V ? logit_grad(to_float(packed.x[k]) + bias[v + k], total, v + k,
-                                               blank, label, g_blank, g_label)
+                                               blank_at, label_at, g_blank, g_label)
                                   : 0.f;
         grads.x[k] = from_float<T>(g);
       }
@@ -620,10 +631,11 @@ int grid_warps(int64_t rows) {
     if (!_status.ok()) return _status; \
   } while (0)
 
-// Whether a tiled pass runs the fused kernels (options.kernel, joint_fused.h).
-Status use_fused(const JointShape& s, const JointOptions& o, bool untiled, bool* on_chip) {
+// Whether a pass runs the fused kernels (options.kernel, joint_fused.h): tiled, the forward and
+// the recompute; untiled, the forward, keeping the joint values and rounded logits.
+Status use_fused(const JointShape& s, const JointOptions& o, bool* on_chip) {
   *on_chip = false;
-  if (untiled || o.kernel == JointKernel::kCublas) return Status();
+  if (o.kernel == JointKernel::kCublas) return Status();
   // kAuto takes the Hopper kernels where they apply: faster than the cuBLAS path on an H200, where
   // the mma.sync ones are slower (benchmarks/results/rnnt_h200_fused.md).
   if (o.kernel == JointKernel::kAuto) {
@@ -641,20 +653,26 @@ Status use_fused(const JointShape& s, const JointOptions& o, bool untiled, bool*
   return Status();
 }
 
-// Width of a pass's logits rows (Vp): a multiple of 8 for aligned tensor-core GEMMs, of 64 where
-// the fused recompute writes d logits, which the d hidden GEMM sums over (cuBLAS runs K = 1088
-// faster than K = 1032 for V = 1025; rnnt_h200_fused.md). Errors are the pass's to report.
-int pass_logits_width(const JointShape& s, const JointOptions& o, bool untiled) {
+// use_fused's answer (errors are the pass's to report).
+bool fused_pass(const JointShape& s, const JointOptions& o) {
   bool on_chip = false;
-  const Status ignored = use_fused(s, o, untiled, &on_chip);
+  const Status ignored = use_fused(s, o, &on_chip);
   (void)ignored;
+  return on_chip;
+}
+
+// Width of a pass's logits rows (Vp): a multiple of 8 for aligned tensor-core GEMMs, of 64 where
+// the fused kernels write logits or d logits, which the d hidden GEMM sums over (cuBLAS runs
+// K = 1088 faster than K = 1032 for V = 1025; rnnt_h200_fused.md).
+int pass_logits_width(const JointShape& s, bool on_chip) {
   return on_chip ? (s.V + 63) / 64 * 64 : logits_width(s);
 }
 
 // Carves the workspace into the buffers of one pass (with a null base it only counts bytes).
-// Tiled mode: z (later d hidden) and logits (later d logits) in the input dtype T. Untiled mode:
-// the kept tensors (joint values in T, logits in float32) plus, backward, d hidden and (half
-// inputs) d logits in T for all nodes.
+// Tiled mode: z (later d hidden) and logits (later d logits) in the input dtype T. Untiled mode
+// (the kept tensors are the caller's; d hidden goes over the kept z), backward: on the cuBLAS
+// path with half inputs, d logits in T for all nodes (the fused path's kept logits are T: d
+// logits overwrite them).
 template <typename T>
 struct JointBuffers {
   T* kernel = nullptr;          // backward: [Hk, Vp] (d hidden)
@@ -665,18 +683,18 @@ struct JointBuffers {
   float* d_kernel = nullptr;    // backward: [Hz, Vp] accumulator, d bias in row H
   float* partials = nullptr;    // backward: a tile's d predictor partial sums
   float* tail_sums = nullptr;   // tiled backward, 16-bit T: the fused recompute's tail sums
-  T* d_hidden = nullptr;        // untiled backward: [N, Hz]
-  T* d_logits = nullptr;        // untiled backward, half inputs: [N, Vp]
+  T* d_logits = nullptr;        // untiled backward, cuBLAS path, half inputs: [N, Vp]
   T* fused_kernel = nullptr;    // 16-bit T: the fused kernels' output layer
   float* fused_bias = nullptr;  // 16-bit T: and bias
   int64_t* offsets = nullptr;   // [B + 1] packed node offsets
   GradAccumulators acc;         // backward, 16-bit T (float32 T accumulates in the outputs)
+  bool on_chip = false;         // the pass runs the fused kernels (use_fused)
   int Vp = 0;                   // pass_logits_width
   size_t bytes = 0;
 
   JointBuffers(void* base, const JointShape& s, const JointOptions& o, size_t tile, bool backward,
                bool untiled)
-      : Vp(pass_logits_width(s, o, untiled)) {
+      : on_chip(fused_pass(s, o)), Vp(pass_logits_width(s, on_chip)) {
     const size_t Hk = round_up_to_8(s.H), Hz = hidden_width(s);
     char* origin = static_cast<char*>(base);
     auto take = [&](auto*& ptr, size_t count) {
@@ -696,8 +714,7 @@ struct JointBuffers {
       take(d_kernel, Hz * Vp);
       take(partials, pred_partial_floats(s, tile));
       if (untiled) {
-        take(d_hidden, tile * Hz);
-        if (sizeof(T) != sizeof(float)) take(d_logits, tile * Vp);
+        if (sizeof(T) != sizeof(float) && !on_chip) take(d_logits, tile * Vp);
       } else if (sizeof(T) != sizeof(float)) {
         take(tail_sums, fused::tail_sum_floats(s, static_cast<int64_t>(tile)));
       }
@@ -751,17 +768,19 @@ Status forward(const JointShape& s, const JointOptions& o, const JointForwardArg
   const JointBuffers<T> buf(a.workspace, s, o, tile, false, untiled);
   const int Vp = buf.Vp;
   bool on_chip = false;
-  RETURN_IF_ERROR(use_fused(s, o, untiled, &on_chip));
+  RETURN_IF_ERROR(use_fused(s, o, &on_chip));
   if (on_chip) {  // every node in one launch: the kernels keep no tile buffer
     node_offsets_kernel<<<1, 1, 0, stream>>>(in.logit_lengths, in.label_lengths, s.B, buf.offsets);
     RETURN_IF_ERROR(
         fused::prepare(s, o, in.kernel, in.bias, buf.fused_kernel, buf.fused_bias, stream));
-    return fused::forward(s, o, fused_tile(in, buf, 0, host.num_nodes), a.lattice, a.lse, stream);
+    // Untiled, the joint values and the rounded logits (T, not float32) are kept.
+    return fused::forward(s, o, fused_tile(in, buf, 0, host.num_nodes), a.lattice, a.lse, stream,
+                          a.saved_hidden, Hz, a.saved_logits, Vp);
   }
   padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
       static_cast<const T*>(in.kernel), H, V, Hk, Vp, true, 0, buf.kernel_t);
   padded_bias_kernel<T>
-      <<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(in.bias), V, Vp, buf.bias);
+      <<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(in.bias), V, Vp, 0, buf.bias);
   node_offsets_kernel<<<1, 1, 0, stream>>>(in.logit_lengths, in.label_lengths, s.B, buf.offsets);
   for (int64_t n0 = 0; n0 < host.num_nodes; n0 += tile) {
     const int64_t rows = std::min(tile, host.num_nodes - n0);
@@ -804,17 +823,18 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
   RETURN_IF_ERROR(cublas_handle_for(stream, &handle));
   const bool untiled = a.saved_logits != nullptr;
   bool on_chip = false;
-  RETURN_IF_ERROR(use_fused(s, o, untiled, &on_chip));
+  RETURN_IF_ERROR(use_fused(s, o, &on_chip));
+  const bool recompute_on_chip = on_chip && !untiled;  // the fused recompute runs the tiles
   // The buffers hold host.tile_nodes; the fused path may step by fewer (whole waves).
   const int64_t buffer_tile = untiled ? host.num_nodes : host.tile_nodes;
-  const int64_t tile = on_chip ? fused::wave_tile(s, o, buffer_tile) : buffer_tile;
+  const int64_t tile = recompute_on_chip ? fused::wave_tile(s, o, buffer_tile) : buffer_tile;
   const T* encoder = static_cast<const T*>(in.encoder);
   const T* predictor = static_cast<const T*>(in.predictor);
   // Vocabulary columns the fused recompute sums on chip, past the d kernel GEMM's V0.
-  const int tail = on_chip ? fused::tail_columns(s) : 0;
+  const int tail = recompute_on_chip ? fused::tail_columns(s) : 0;
   const int V0 = V - tail;
   const int64_t tail_floats = tail > 0 ? fused::tail_sum_floats(s, tile) : 0;
-  if (on_chip) {
+  if (recompute_on_chip) {
     RETURN_IF_ERROR(
         fused::prepare(s, o, in.kernel, in.bias, buf.fused_kernel, buf.fused_bias, stream));
     if (tail > 0) {
@@ -829,7 +849,7 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
           static_cast<size_t>((buffer_tile + 7) / 8 * 8), stream)));
     }
   }
-  // The fused recompute's d logits columns, as it stores them.
+  // The fused kernels' logits and d logits columns, as they store them.
   const int permuted = on_chip ? fused::permuted_columns(V) : 0;
   padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
       static_cast<const T*>(in.kernel), H, V, Hk, Vp, false, permuted, buf.kernel);
@@ -837,8 +857,8 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
     padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
         static_cast<const T*>(in.kernel), H, V, Hk, Vp, true, 0, buf.kernel_t);
   }
-  padded_bias_kernel<T>
-      <<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(in.bias), V, Vp, buf.bias);
+  padded_bias_kernel<T><<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(in.bias), V,
+                                                                 Vp, permuted, buf.bias);
   node_offsets_kernel<<<1, 1, 0, stream>>>(in.logit_lengths, in.label_lengths, s.B, buf.offsets);
   RETURN_IF_ERROR(cuda_status(
       cudaMemsetAsync(buf.d_kernel, 0, sizeof(float) * static_cast<size_t>(Hz) * Vp, stream)));
@@ -852,7 +872,7 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
     if (untiled) {
       z = static_cast<const T*>(a.saved_hidden);
       logits = reinterpret_cast<L*>(a.saved_logits);
-    } else if (on_chip) {  // z and d logits of the tile, the logits kept on chip
+    } else if (recompute_on_chip) {  // z and d logits of the tile, the logits kept on chip
       RETURN_IF_ERROR(fused::recompute(s, o, fused_tile(in, buf, n0, rows), a.lse, a.d_lattice,
                                        buf.tile_z, Hz, buf.tile_logits, Vp, buf.tail_sums, stream));
       logits = reinterpret_cast<L*>(buf.tile_logits);
@@ -880,20 +900,35 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
                                      cuda_type<L>(), Vp, o.allow_tf32));
       z = buf.tile_z;
     }
-    // d logits over the logits when they share a dtype.
-    T* d_logits = sizeof(L) == sizeof(T) ? reinterpret_cast<T*>(logits) : buf.d_logits;
-    if (!on_chip) {
+    // d logits over the logits when they share a dtype (the fused forward kept T logits).
+    T* d_logits = sizeof(L) == sizeof(T) || on_chip ? reinterpret_cast<T*>(logits) : buf.d_logits;
+    if (on_chip && untiled) {
+      logit_grads_kernel<T, T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
+          n0, rows, d_logits, buf.bias, in.labels, buf.offsets, in.label_lengths, s.B, s.T, s.U1, V,
+          Vp, permuted, o.blank, a.lse, a.d_lattice, d_logits);
+    } else if (!on_chip) {
       logit_grads_kernel<L, T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
           n0, rows, logits, buf.bias, in.labels, buf.offsets, in.label_lengths, s.B, s.T, s.U1, V,
-          Vp, o.blank, a.lse, a.d_lattice, d_logits);
+          Vp, 0, o.blank, a.lse, a.d_lattice, d_logits);
     }
-    // [d kernel; d bias] += [z, 1]^T @ d logits (ordered over tiles), columns from V0 on chip.
-    RETURN_IF_ERROR(gemm_row_major(handle, z_ld == 0, false, Hz, tail > 0 ? V0 : Vp,
-                                   z_ld ? z_ld : static_cast<int>(rows), z, cuda_type<T>(),
-                                   z_ld ? z_ld : Hz, d_logits, cuda_type<T>(), Vp, 1.f,
-                                   buf.d_kernel, CUDA_R_32F, Vp, o.allow_tf32));
-    // d hidden = d logits @ Kp^T, over z's buffer in tiled mode (z is not needed any more).
-    T* d_hidden = untiled ? buf.d_hidden : buf.tile_z;
+    // [d kernel; d bias] += [z, 1]^T @ d logits (ordered over tiles). cuBLAS runs whole chunks of
+    // 128 columns far faster than a few more (rnnt_h200_fused.md): after the fused recompute, the
+    // columns up to V0 (it sums the tail's itself); after the kept fused forward, the whole
+    // chunks, then the rest in a second GEMM.
+    const int whole = fused::permuted_columns(V);
+    const int split = on_chip && untiled && whole < V ? whole : 0;
+    for (const auto& [c0, c1] : {std::pair{0, tail > 0    ? V0
+                                              : split > 0 ? split
+                                                          : Vp},
+                                 std::pair{split, split > 0 ? Vp : 0}}) {
+      if (c1 <= c0) continue;
+      RETURN_IF_ERROR(gemm_row_major(handle, z_ld == 0, false, Hz, c1 - c0,
+                                     z_ld ? z_ld : static_cast<int>(rows), z, cuda_type<T>(),
+                                     z_ld ? z_ld : Hz, d_logits + c0, cuda_type<T>(), Vp, 1.f,
+                                     buf.d_kernel + c0, CUDA_R_32F, Vp, o.allow_tf32));
+    }
+    // d hidden = d logits @ Kp^T, over z's buffer (z is not needed any more).
+    T* d_hidden = untiled ? static_cast<T*>(a.saved_hidden) : buf.tile_z;
     RETURN_IF_ERROR(gemm_row_major(handle, false, true, static_cast<int>(rows), Hk, Vp, d_logits,
                                    cuda_type<T>(), Vp, buf.kernel, cuda_type<T>(), Vp, 0.f,
                                    d_hidden, cuda_type<T>(), Hz, o.allow_tf32));
@@ -960,10 +995,16 @@ size_t joint_workspace_bytes_cuda(const JointShape& s, const JointOptions& optio
   return bytes;
 }
 
-JointSavedSizes joint_saved_sizes_cuda(const JointShape& shape, int64_t num_nodes) {
+JointSavedSizes joint_saved_sizes_cuda(const JointShape& shape, const JointOptions& options,
+                                       int64_t num_nodes) {
   JointSavedSizes sizes;
   sizes.hidden = num_nodes * hidden_width(shape);
-  sizes.logits = num_nodes * logits_width(shape);
+  if (fused_pass(shape, options)) {  // the fused forward's rounded logits, in float32 elements
+    const int64_t bytes = num_nodes * pass_logits_width(shape, true) * dtype_size(options.dtype);
+    sizes.logits = (bytes + 3) / 4;
+  } else {
+    sizes.logits = num_nodes * logits_width(shape);
+  }
   return sizes;
 }
 

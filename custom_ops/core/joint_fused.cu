@@ -168,12 +168,24 @@ Status prepare(const JointShape& s, const JointOptions& o, const void* kernel, c
 }
 
 Status forward(const JointShape& s, const JointOptions& o, const Tile& tile, float* lattice,
-               float* lse, cudaStream_t stream) {
+               float* lse, cudaStream_t stream, void* z_out, int z_width, void* logits_out,
+               int logits_width) {
+  if ((z_out == nullptr) != (logits_out == nullptr)) {
+    return invalid("fused forward: joint values and logits are kept together");
+  }
+  if (logits_out &&
+      (z_width < s.H + 1 || z_width % 8 != 0 || logits_width < s.V || logits_width % 8 != 0)) {
+    return invalid("fused forward: kept buffers narrower than the joint or unaligned");
+  }
   return dispatch_half(o.dtype, [&](auto tag) {
     using T = decltype(tag);
     Params<T> p{};
     p.lattice = lattice;
     p.lse = lse;
+    p.z_out = static_cast<T*>(z_out);
+    p.z_width = z_width;
+    p.logits_out = static_cast<T*>(logits_out);
+    p.logits_width = logits_width;
     return launch<T, false>(s, o, tile, p, stream);
   });
 }

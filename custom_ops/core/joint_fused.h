@@ -1,7 +1,8 @@
 // The fused joint tile kernels of the CUDA launchers (joint_fused.cu): per tile of packed lattice
 // nodes, the joint values act(encoder + predictor) are formed in shared memory and fed to
 // tensor-core GEMMs against the output layer; the logits never leave the chip.
-//   forward:   online log-sum-exp over V and the blank/label picks -> lattice, lse
+//   forward:   online log-sum-exp over V and the blank/label picks -> lattice, lse (kept: the
+//              joint values and the logits written too, for the untiled backward)
 //   recompute: d logits from the lattice gradients (the backward pass's tile), written with the
 //              joint values for the two backward GEMMs
 // Two implementations: Hopper's wgmma (sm_90a code) and mma.sync for compute capability 8.0 and
@@ -61,9 +62,13 @@ struct Tile {
   int64_t n0 = 0, rows = 0;
 };
 
-// lattice [B, T, U1, 2] (the tile's nodes) and lse [num_nodes] (packed).
+// lattice [B, T, U1, 2] (the tile's nodes) and lse [num_nodes] (packed). Kept (z_out and
+// logits_out set; untiled mode), also the joint values as recompute writes them and the logits
+// rounded to dtype, without bias, [rows, logits_width] laid out as recompute's d logits (columns
+// of the vocabulary's tail chunk in order; past it nothing is written).
 Status forward(const JointShape& shape, const JointOptions& options, const Tile& tile,
-               float* lattice, float* lse, cudaStream_t stream);
+               float* lattice, float* lse, cudaStream_t stream, void* z_out = nullptr,
+               int z_width = 0, void* logits_out = nullptr, int logits_width = 0);
 
 // Where the recompute stores d logits column v: within each group of 32 columns below
 // permuted_columns(V) (the whole chunks of 128), 2-column pair (8 a + 2 b) goes to 8 b + 2 a, so

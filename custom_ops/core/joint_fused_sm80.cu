@@ -13,9 +13,10 @@
 //      columns) with ldmatrix, which on the K-major images yields the "col" operand of
 //      mma.sync.m16n8k16 as it is, and issues 16 mma.sync (PTX ISA, "Warp-level matrix multiply:
 //      mma");
-//   3. the chunk's epilogue on the accumulators, as in the Hopper kernels; the images of the
-//      next steps keep landing meanwhile. Forward: the two warps of a row group merge their
-//      log-sum-exp states (in a fixed order) and picks through shared memory at the end;
+//   3. the chunk's epilogue on the accumulators, as in the Hopper kernels (kept forward: Z and
+//      the logits stored too); the images of the next steps keep landing meanwhile. Forward: the
+//      two warps of a row group merge their log-sum-exp states (in a fixed order) and picks
+//      through shared memory at the end;
 //   4. recompute: the tail columns' d kernel and d bias sums (tail_columns), over the buffers.
 // Each row's reductions run in a fixed order (no atomics): results are deterministic.
 #include <cuda_bf16.h>
@@ -116,7 +117,7 @@ __device__ __forceinline__ void issue(const Params<T>& p, const Operands& ops, i
 // The warp's nw columns [c0, c0 + nw) of vocabulary chunk c (c0 = c kChunk + 64 half): the
 // chunk's K blocks, then the epilogue of those columns; nw = 0 (a half past a narrow last chunk):
 // only the K blocks' copies and barriers.
-template <typename T, bool kRecompute, int nw, bool kTail>
+template <typename T, bool kRecompute, bool kKeep, int nw, bool kTail>
 __device__ __forceinline__ void run_chunk(const Params<T>& p, const Operands& ops, int c, int half,
                                           int group, int lane, const RowInfo (&rows)[2],
                                           int64_t block_row0, int row0, RowState* st, Pending* pend,
@@ -168,6 +169,7 @@ __device__ __forceinline__ void run_chunk(const Params<T>& p, const Operands& op
   }
   if constexpr (nw > 0) {
     if (!kRecompute) {
+      if (kKeep) keep_logits<T, nw, kTail>(p, acc, c0, lane, rows, block_row0, row0);
       forward_epilogue<T, nw>(p, acc, bias, c0, lane, rows, st);
     } else {
       capture<T, nw>(acc, c0, pend);
@@ -177,7 +179,8 @@ __device__ __forceinline__ void run_chunk(const Params<T>& p, const Operands& op
   }
 }
 
-template <typename T, bool kRecompute>
+// kKeep: the forward also stores Z and the logits (p.z_out, p.logits_out).
+template <typename T, bool kRecompute, bool kKeep>
 __global__ void __launch_bounds__(kThreads) mma_tile_kernel(const Params<T> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ uint8_t smem_raw[];
@@ -200,7 +203,8 @@ __global__ void __launch_bounds__(kThreads) mma_tile_kernel(const Params<T> p) {
   node_rows<T, kRows>(p, block_row0, enc_row, pred_row);
   for (int step = 0; step < kStages - 1; ++step) issue(p, ops, step);
   __syncthreads();
-  form_block_z<T, kRecompute, kRows, kThreads>(p, z_tile, enc_row, pred_row, block_row0, kblocks);
+  form_block_z<T, kRecompute || kKeep, kRows, kThreads>(p, z_tile, enc_row, pred_row, block_row0,
+                                                        kblocks);
   // (Z is visible to every warp at the first step's barrier.)
 
   const int row0 = group * 16 + (lane >> 2);
@@ -213,9 +217,9 @@ __global__ void __launch_bounds__(kThreads) mma_tile_kernel(const Params<T> p) {
   Pending pend;
   uint32_t tail_words[2][4] = {};
   for (int c = 0; c < chunks; ++c) {
-#define TF_RNNT_RUN_CHUNK(nw, tail_chunk)                                                        \
-  run_chunk<T, kRecompute, nw, tail_chunk>(p, ops, c, half, group, lane, rows, block_row0, row0, \
-                                           &st, &pend, tail_words)
+#define TF_RNNT_RUN_CHUNK(nw, tail_chunk)                                                         \
+  run_chunk<T, kRecompute, kKeep, nw, tail_chunk>(p, ops, c, half, group, lane, rows, block_row0, \
+                                                  row0, &st, &pend, tail_words)
     if (c < full_chunks) {
       TF_RNNT_RUN_CHUNK(64, false);
     } else if (tail == 128) {
@@ -278,7 +282,7 @@ size_t mma_smem_bytes(const JointShape& s) { return smem_bytes(s); }
 
 int mma_blocks_per_sm(const JointShape& s) {
   const size_t bytes = smem_bytes(s);
-  auto kernel = mma_tile_kernel<__nv_bfloat16, true>;
+  auto kernel = mma_tile_kernel<__nv_bfloat16, true, false>;
   int blocks = 0;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) !=
           cudaSuccess ||
@@ -291,8 +295,10 @@ int mma_blocks_per_sm(const JointShape& s) {
 
 template <typename T, bool kRecompute>
 Status launch_mma(const JointShape& s, Params<T> p, cudaStream_t stream) {
-  return launch_tile_kernel(mma_tile_kernel<T, kRecompute>, p, kRows, kThreads, smem_bytes(s),
-                            stream);
+  const auto kernel = kRecompute     ? mma_tile_kernel<T, true, false>
+                      : p.logits_out ? mma_tile_kernel<T, false, true>
+                                     : mma_tile_kernel<T, false, false>;
+  return launch_tile_kernel(kernel, p, kRows, kThreads, smem_bytes(s), stream);
 }
 
 template Status launch_mma<__half, false>(const JointShape&, Params<__half>, cudaStream_t);

@@ -16,7 +16,8 @@
 //   3. an epilogue per chunk on the accumulators: the logits rounded to the input dtype (as the
 //      cuBLAS path's logits tile and a mixed-precision Dense layer), plus bias, then
 //        forward:   the online log-sum-exp (Milakov & Gimelshein 2018), one rescale per chunk
-//                   and pairwise reductions (the epilogue is latency bound), and the picks,
+//                   and pairwise reductions (the epilogue is latency bound), and the picks;
+//                   kept (untiled mode), also Z and the rounded logits stored for the backward,
 //        recompute: d logits = g_blank (1[v = blank] - p_v) + g_label (1[v = label] - p_v);
 //   4. recompute, when the vocabulary ends in a chunk of at most 8 columns (tail_columns): that
 //      chunk's d kernel and d bias columns, [Z, 1]^T d logits over the block's rows, from Z in
@@ -118,7 +119,7 @@ struct Pipeline {
 // One vocabulary chunk c of nw columns: per K block, wait until its buffer is full, four k16
 // wgmmas, and once the step before's wgmmas are done, release that step's buffer; then the
 // chunk's epilogue.
-template <typename T, bool kRecompute, int nw, bool kTail>
+template <typename T, bool kRecompute, bool kKeep, int nw, bool kTail>
 __device__ __forceinline__ void run_chunk(const Params<T>& p, const Pipeline& pipe, int c,
                                           float (&acc)[kChunk / 2], int lane,
                                           const RowInfo (&rows)[2], int64_t block_row0, int row0,
@@ -158,6 +159,7 @@ __device__ __forceinline__ void run_chunk(const Params<T>& p, const Pipeline& pi
   fence_registers(acc);
   if (lane == 0) mbarrier_arrive(pipe.empty + 8 * ((step0 + pipe.kblocks - 1) % kStages));
   if (!kRecompute) {
+    if (kKeep) keep_logits<T, nw, kTail>(p, acc, c * kChunk, lane, rows, block_row0, row0);
     forward_epilogue<T, nw>(p, acc, bias, c * kChunk, lane, rows, st);
   } else {
     capture<T, nw>(acc, c * kChunk, pend);
@@ -168,7 +170,8 @@ __device__ __forceinline__ void run_chunk(const Params<T>& p, const Pipeline& pi
   }
 }
 
-template <typename T, bool kRecompute>
+// kKeep: the forward also stores Z and the logits (p.z_out, p.logits_out).
+template <typename T, bool kRecompute, bool kKeep>
 __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T> p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
@@ -211,9 +214,10 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
     for (int step = 0; step < kStages && step < steps; ++step) issue(step);
   }
 
-  // 1. Z in shared memory (and, recomputing, in the tile buffer for the backward GEMMs) by all
-  // threads.
-  form_block_z<T, kRecompute, kRows, kThreads>(p, z_tile, enc_row, pred_row, block_row0, kblocks);
+  // 1. Z in shared memory (and, recomputing or keeping, in p.z_out for the backward GEMMs) by
+  // all threads.
+  form_block_z<T, kRecompute || kKeep, kRows, kThreads>(p, z_tile, enc_row, pred_row, block_row0,
+                                                        kblocks);
 
   // Z visible to the tensor cores.
   fence_async_shared();
@@ -248,9 +252,9 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
   Pending pend;
   uint32_t tail_words[2][4] = {};
   for (int c = 0; c < chunks; ++c) {
-#define TF_RNNT_RUN_CHUNK(nw, tail_chunk)                                                      \
-  run_chunk<T, kRecompute, nw, tail_chunk>(p, pipe, c, acc, lane, rows, block_row0, row0, &st, \
-                                           &pend, tail_words)
+#define TF_RNNT_RUN_CHUNK(nw, tail_chunk)                                                        \
+  run_chunk<T, kRecompute, kKeep, nw, tail_chunk>(p, pipe, c, acc, lane, rows, block_row0, row0, \
+                                                  &st, &pend, tail_words)
     if (c < full_chunks) {
       TF_RNNT_RUN_CHUNK(128, false);
     } else if (tail == 128) {
@@ -285,8 +289,10 @@ size_t wgmma_smem_bytes(const JointShape& s) { return smem_bytes(s); }
 
 template <typename T, bool kRecompute>
 Status launch_wgmma(const JointShape& s, Params<T> p, cudaStream_t stream) {
-  return launch_tile_kernel(joint_tile_kernel<T, kRecompute>, p, kRows, kThreads, smem_bytes(s),
-                            stream);
+  const auto kernel = kRecompute     ? joint_tile_kernel<T, true, false>
+                      : p.logits_out ? joint_tile_kernel<T, false, true>
+                                     : joint_tile_kernel<T, false, false>;
+  return launch_tile_kernel(kernel, p, kRows, kThreads, smem_bytes(s), stream);
 }
 
 template Status launch_wgmma<__half, false>(const JointShape&, Params<__half>, cudaStream_t);

@@ -64,9 +64,10 @@ struct Params {
   float* lattice;  // forward
   float* lse;      // forward: out; recompute: in
   const float* d_lattice;
-  T* z_out;
+  T* z_out;  // recompute, kept forward: [rows, z_width]
   int z_width;
-  T* d_logits;
+  T* d_logits;    // recompute: [rows, logits_width]
+  T* logits_out;  // kept forward: [rows, logits_width], the logits without bias
   int logits_width;
   int tail_width;    // recompute: tail_columns, or 0
   float* tail_sums;  // recompute: [blocks, tail_width, H + 1], added to
@@ -228,6 +229,45 @@ __device__ __forceinline__ void forward_epilogue(const Params<T>& p, const float
   }
 }
 
+// The kept forward's logits of a warp's [16, nw] chunk at c0 (untiled mode keeps them for the
+// backward): rounded to T, without bias, stored as the recompute stores d logits: a whole chunk's
+// pairs as the fragment holds them (stored_column, joint_fused.h), in 16-byte accesses; a tail
+// chunk's in column order.
+template <typename T, int nw, bool kTail>
+__device__ __forceinline__ void keep_logits(const Params<T>& p, const float (&acc)[kChunk / 2],
+                                            int c0, int lane, const RowInfo (&rows)[2],
+                                            int64_t block_row0, int row0) {
+  const int quad_lane = lane & 3;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (!rows[half].valid) continue;
+    T* out = p.logits_out + (block_row0 + row0 + 8 * half) * p.logits_width;
+    if constexpr (!kTail) {
+      static_assert(nw % 32 == 0, "whole chunks store 32 columns a part");
+#pragma unroll
+      for (int part = 0; part < nw / 32; ++part) {
+        uint32_t w[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int k = 4 * (4 * part + j) + 2 * half;
+          w[j] = pack2<T>(acc[k], acc[k + 1]);
+        }
+        *reinterpret_cast<uint4*>(out + c0 + 32 * part + 8 * quad_lane) =
+            make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < nw / 8; ++j) {
+        const int col = c0 + 8 * j + 2 * quad_lane;
+        if (col < p.logits_width) {
+          *reinterpret_cast<uint32_t*>(out + col) =
+              pack2<T>(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+        }
+      }
+    }
+  }
+}
+
 // Part `part` of the pending chunk (blocks 4 part .. 4 part + 3; those past pend.blocks are
 // masked) in the recompute: d logits = g_blank (1[v = blank] - p_v) + g_label (1[v = label] - p_v)
 // (logit_grad, node_math.h, with exp_shifted), the indicator terms added only in the part that
@@ -307,12 +347,13 @@ __device__ __forceinline__ void recompute_part(const Params<T>& p, const Pending
   }
 }
 
-// Z = act(encoder[b, t] + predictor[b, u]) for the block's kRows rows, into the swizzled tile:
+// Z = act(encoder[b, t] + predictor[b, u]) for the block's kRows rows, into the swizzled tile
+// (and with kStoreZ into p.z_out):
 // thread tid of kThreads takes 16-byte chunk tid mod 8 of every (kThreads / 8)-th 128-byte line
 // (K block, row), so
 // no index needs a division, with kBatch chunks' loads in flight (the predictor rows come from
 // L2); the activation is a template argument, out of the per-element code.
-template <typename T, bool kRecompute, Activation act, int kRows, int kThreads>
+template <typename T, bool kStoreZ, Activation act, int kRows, int kThreads>
 __device__ __forceinline__ void form_z(const Params<T>& p, uint8_t* z_tile, const int32_t* enc_row,
                                        const int32_t* pred_row, int64_t block_row0, int kblocks) {
   constexpr int kBatch = 8, kLineStep = kThreads / 8;
@@ -343,7 +384,7 @@ __device__ __forceinline__ void form_z(const Params<T>& p, uint8_t* z_tile, cons
         for (int i = 0; i < 8; ++i) {
           zv[i] = from_float<T>(tile_activate<T>(to_float(ev[i]) + to_float(pv[i]), act));
         }
-        if (kRecompute) {
+        if (kStoreZ) {
           *reinterpret_cast<uint4*>(p.z_out + (block_row0 + r) * p.z_width + h) = bits;
         }
       }
@@ -463,27 +504,27 @@ __device__ __forceinline__ void node_rows(const Params<T>& p, int64_t block_row0
   pred_row[tid] = q;
 }
 
-// Z for the block (form_z with the activation as a template argument) and, recomputing, each
-// valid row's ones column (its d kernel row is d bias) and zeros up to the buffer's width.
-template <typename T, bool kRecompute, int kRows, int kThreads>
+// Z for the block (form_z with the activation as a template argument) and, with kStoreZ, each
+// valid row's ones column (its d kernel row is d bias) and zeros up to p.z_out's width.
+template <typename T, bool kStoreZ, int kRows, int kThreads>
 __device__ __forceinline__ void form_block_z(const Params<T>& p, uint8_t* z_tile,
                                              const int32_t* enc_row, const int32_t* pred_row,
                                              int64_t block_row0, int kblocks) {
   switch (p.activation) {
     case Activation::kTanh:
-      form_z<T, kRecompute, Activation::kTanh, kRows, kThreads>(p, z_tile, enc_row, pred_row,
-                                                                block_row0, kblocks);
+      form_z<T, kStoreZ, Activation::kTanh, kRows, kThreads>(p, z_tile, enc_row, pred_row,
+                                                             block_row0, kblocks);
       break;
     case Activation::kRelu:
-      form_z<T, kRecompute, Activation::kRelu, kRows, kThreads>(p, z_tile, enc_row, pred_row,
-                                                                block_row0, kblocks);
+      form_z<T, kStoreZ, Activation::kRelu, kRows, kThreads>(p, z_tile, enc_row, pred_row,
+                                                             block_row0, kblocks);
       break;
     default:
-      form_z<T, kRecompute, Activation::kIdentity, kRows, kThreads>(p, z_tile, enc_row, pred_row,
-                                                                    block_row0, kblocks);
+      form_z<T, kStoreZ, Activation::kIdentity, kRows, kThreads>(p, z_tile, enc_row, pred_row,
+                                                                 block_row0, kblocks);
   }
   const int tid = threadIdx.x;
-  if (kRecompute && tid < kRows && block_row0 + tid < p.rows) {
+  if (kStoreZ && tid < kRows && block_row0 + tid < p.rows) {
     T* z = p.z_out + (block_row0 + tid) * p.z_width;
     for (int h = p.H; h < p.z_width; ++h) z[h] = from_float<T>(h == p.H ? 1.f : 0.f);
   }
@@ -573,7 +614,8 @@ Status launch_tile_kernel(Kernel kernel, const Params<T>& p, int rows_per_block,
 }
 
 // The two kernels' launchers (p filled in but for nothing shape-dependent they own): forward
-// (kRecompute false) or recompute over p.rows nodes; the shared memory a block takes; nodes per
+// (kRecompute false; keeping Z and the logits where p.logits_out is set) or recompute over p.rows
+// nodes; the shared memory a block takes; nodes per
 // block; and blocks an SM holds. The wgmma ones need sm_90a code (TF_RNNT_FUSED_SM90A).
 template <typename T, bool kRecompute>
 Status launch_wgmma(const JointShape& s, Params<T> p, cudaStream_t stream);

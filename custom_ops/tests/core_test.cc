@@ -20,6 +20,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tf_rnnt {
@@ -280,7 +281,7 @@ class CpuBackend : public Backend {
     in.host.node_offsets = offsets.data();
     in.host.num_nodes = offsets[s.B];
     in.host.tile_nodes = untiled ? offsets[s.B] : tile_nodes;
-    const JointSavedSizes saved = joint_saved_sizes_cpu(s, untiled ? offsets[s.B] : 0);
+    const JointSavedSizes saved = joint_saved_sizes_cpu(s, c.options, untiled ? offsets[s.B] : 0);
     std::vector<float> saved_hidden(saved.hidden), saved_logits(saved.logits);
     std::vector<char> workspace(
         std::max(joint_workspace_bytes_cpu(s, c.options, in.host.tile_nodes, false, untiled),
@@ -531,9 +532,10 @@ JointCase half_case(std::mt19937* rng, DType dtype, int H, int V, Activation act
   return c;
 }
 
-// Case c on the cuBLAS path and on each fused tile kernel that runs here, for each tile size,
-// against the float64 reference (on the rounded inputs); with the last tile size also each fused
-// one against the cuBLAS path, and run to run bitwise.
+// Case c on the cuBLAS path and on each fused tile kernel that runs here, for each tile size (0:
+// untiled mode, where the fused forward keeps the joint values and rounded logits), against the
+// float64 reference (on the rounded inputs); with the last tile size also each fused one against
+// the cuBLAS path; run to run bitwise with the last tile size and untiled.
 void check_joint_half(Backend* be, Report* report, std::mt19937* rng, const JointCase& c,
                       const std::vector<int64_t>& tiles, const char* what) {
   const double tol = c.options.dtype == DType::kBFloat16 ? 1e-2 : 2e-3;
@@ -555,6 +557,7 @@ void check_joint_half(Backend* be, Report* report, std::mt19937* rng, const Join
   for (int k = 0; k < 3; ++k) {
     JointCase ck = c;
     ck.options.kernel = kernels[k];
+    std::pair<std::vector<float>, std::vector<float>> untiled_lattice;  // lattice, lse
     if (k > 0) {
       if ((k == 1 && fused_only_value() == "mma") || (k == 2 && fused_only_value() == "wgmma")) {
         continue;
@@ -569,8 +572,8 @@ void check_joint_half(Backend* be, Report* report, std::mt19937* rng, const Join
       continue;
     }
     for (int64_t tile : tiles) {
-      const std::string name =
-          std::string(tag) + " " + kernel_names[k] + " tile=" + std::to_string(tile);
+      const std::string name = std::string(tag) + " " + kernel_names[k] +
+                               (tile > 0 ? " tile=" + std::to_string(tile) : " untiled");
       JointResult r;
       const Status st = be->joint(ck, tile, d_lattice, &r);
       if (!st.ok()) std::printf("    status %d: %s\n", static_cast<int>(st.code), st.message);
@@ -579,15 +582,24 @@ void check_joint_half(Backend* be, Report* report, std::mt19937* rng, const Join
                 close_norm("d_predictor", name, r.d_predictor, d_pred, tol) &&
                 close_norm("d_kernel", name, r.d_kernel, d_kernel, tol) &&
                 close_norm("d_bias", name, r.d_bias, d_bias, tol);
-      if (ok && tile == tiles.back()) {
+      if (ok && (tile == tiles.back() || tile <= 0)) {
         JointResult again;
         const Status st2 = be->joint(ck, tile, d_lattice, &again);
         ok = st2.ok() && joint_values(again) == joint_values(r);
         if (!ok) std::printf("    FAIL %s: a second run differs\n", name.c_str());
+      }
+      if (ok && tile == tiles.back()) {
         results[k] = r;
         ran[k] = true;
       }
+      if (ok && tile <= 0) untiled_lattice = {r.lattice, r.lse};
       record(report, name, ok);
+    }
+    // The fused forward keeping its values (untiled) computes what it computes tiled, bitwise.
+    if (k > 0 && ran[k] && !untiled_lattice.first.empty()) {
+      record(
+          report, std::string(tag) + " " + kernel_names[k] + " untiled forward = tiled",
+          untiled_lattice.first == results[k].lattice && untiled_lattice.second == results[k].lse);
     }
   }
   // Each fused path against the cuBLAS path: the same rounding points, so closer to each other
@@ -633,10 +645,10 @@ void test_joint_half(Backend* be, Report* report) {
   for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
     for (const HV& hv : shapes) {
       // 386 nodes: 4 blocks of 128, the last with 2. Tiles of 100 nodes (a tile ends inside a
-      // block of 128 and inside a sample) and of all.
+      // block of 128 and inside a sample), untiled, and tiles of all.
       const JointCase c = half_case(&rng, dtype, hv.H, hv.V, hv.act, hv.blank_last, 20, 8,
                                     {20, 13, 1, 17}, {8, 3, 0, 8});
-      check_joint_half(be, report, &rng, c, {100, 1000}, "");
+      check_joint_half(be, report, &rng, c, {100, 0, 1000}, "");
     }
   }
   // 8 samples of 99-120 frames and 24-31 labels: 25,092 nodes. Tiles of up to 20,000 nodes, at

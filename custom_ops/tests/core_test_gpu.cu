@@ -158,7 +158,7 @@ class GpuBackend : public Backend {
     in.host.node_offsets = offsets.data();
     in.host.num_nodes = N;
     in.host.tile_nodes = untiled ? N : tile_nodes;
-    const JointSavedSizes saved = joint_saved_sizes_cuda(s, untiled ? N : 0);
+    const JointSavedSizes saved = joint_saved_sizes_cuda(s, c.options, untiled ? N : 0);
     DeviceValues saved_hidden(saved.hidden, dtype);
     DeviceBuffer<float> saved_logits(saved.logits);
     const size_t bytes =

@@ -1,10 +1,10 @@
 // Times the CUDA joint launchers directly (no TensorFlow): forward and backward of the tiled joint
-// with each GPU kernel path, and of untiled mode, on random inputs, with CUDA events (median of
-// the repetitions).
+// with each GPU kernel path, and of untiled mode (cuBLAS or fused), on random inputs, with CUDA
+// events (median of the repetitions).
 //
 //   build/tests/joint_timing [--B 32 --T 400 --U 128 --H 640 --V 1025] [--dtype bfloat16]
 //                            [--lengths full|ragged] [--reps 20] [--budget-mb 256]
-//                            [--kernels cublas,fused,fused-mma,untiled]
+//                            [--kernels cublas,fused,fused-mma,untiled,untiled-fused]
 //
 // cuBLAS is loaded as in core_test ($TF_RNNT_CUBLAS, else the usual library names). The tile
 // size follows the op's GPU default: as many nodes as fit the memory budget (untiled: every node,
@@ -185,10 +185,10 @@ int main(int argc, char** argv) {
     JointOptions o;
     o.blank = V - 1;
     o.dtype = dtype;
-    o.kernel = name == "fused"       ? JointKernel::kFused
-               : name == "fused-mma" ? JointKernel::kFusedMma
-                                     : JointKernel::kCublas;
-    const bool untiled = name == "untiled";
+    o.kernel = name == "fused" || name == "untiled-fused" ? JointKernel::kFused
+               : name == "fused-mma"                      ? JointKernel::kFusedMma
+                                                          : JointKernel::kCublas;
+    const bool untiled = name == "untiled" || name == "untiled-fused";
     const int64_t per_node =
         (static_cast<int64_t>(joint_workspace_bytes_cuda(s, o, 2048, true, false)) -
          static_cast<int64_t>(joint_workspace_bytes_cuda(s, o, 1024, true, false))) /
@@ -201,7 +201,7 @@ int main(int argc, char** argv) {
                                   joint_workspace_bytes_cuda(s, o, tile, true, untiled));
     void* workspace = nullptr;
     CHECK_CUDA(cudaMalloc(&workspace, bytes));
-    const JointSavedSizes kept = joint_saved_sizes_cuda(s, untiled ? N : 0);
+    const JointSavedSizes kept = joint_saved_sizes_cuda(s, o, untiled ? N : 0);
     void* saved_hidden = nullptr;
     float* saved_logits = nullptr;
     if (untiled) {

@@ -490,7 +490,8 @@ class JointLatticeOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({N}), &lse));
     // Untiled mode keeps the joint values and logits of all N nodes: say what to change if they
     // don't fit. Tiled mode keeps nothing.
-    const JointSavedSizes kept = CoreFunctor<Device>::joint_saved_sizes(s, attrs_.untiled ? N : 0);
+    const JointSavedSizes kept =
+        CoreFunctor<Device>::joint_saved_sizes(s, plan.options, attrs_.untiled ? N : 0);
     for (int i : {0, 1}) {
       const int64_t elements = i == 0 ? kept.hidden : kept.logits;
       const auto st = ctx->allocate_output(2 + i, TensorShape({elements}), &saved[i]);
@@ -538,24 +539,29 @@ class JointLatticeGradOp : public OpKernel {
     // An empty batch still runs the launcher, which zeroes d kernel and d bias.
     OP_REQUIRES(ctx, ctx->input(kLse).NumElements() == N,
                 InvalidArgument("lse must have ", N, " elements"));
-    Tensor saved_logits;
+    // Untiled mode: d logits overwrite the kept logits, and d hidden the kept joint values, in
+    // buffers TensorFlow forwards when it can, else in private copies (for example of a
+    // persistent tape's tensors).
+    Tensor saved_hidden, saved_logits;
     if (attrs_.untiled) {
-      // d logits overwrites the kept logits when TensorFlow can forward that buffer.
-      const Tensor& kept = ctx->input(kSavedLogits);
-      const JointSavedSizes sizes = core.joint_saved_sizes(plan.shape, N);
-      OP_REQUIRES(ctx, kept.NumElements() == sizes.logits,
+      const JointSavedSizes sizes = core.joint_saved_sizes(plan.shape, plan.options, N);
+      OP_REQUIRES(ctx, ctx->input(kSavedHidden).NumElements() == sizes.hidden,
+                  InvalidArgument("saved_hidden must have ", sizes.hidden, " elements"));
+      OP_REQUIRES(ctx, ctx->input(kSavedLogits).NumElements() == sizes.logits,
                   InvalidArgument("saved_logits must have ", sizes.logits, " elements"));
-      std::unique_ptr<Tensor> forwarded = ctx->forward_input(
-          kSavedLogits, OpKernelContext::Params::kNoReservation, ::tensorflow::DT_FLOAT,
-          kept.shape(), ::tensorflow::DEVICE_MEMORY, AllocatorAttributes());
-      if (forwarded) {
-        saved_logits = *forwarded;
-      } else {
-        // Shared buffer (for example a persistent tape): overwrite a private copy instead.
-        OP_REQUIRES_OK(ctx,
-                       ctx->allocate_temp(::tensorflow::DT_FLOAT, kept.shape(), &saved_logits));
-        OP_REQUIRES_OK(ctx, to_tf_status(core.copy(mutable_data(&saved_logits),
-                                                   kept.tensor_data().data(), kept.TotalBytes()),
+      for (auto [index, out] :
+           {std::pair{kSavedHidden, &saved_hidden}, std::pair{kSavedLogits, &saved_logits}}) {
+        const Tensor& kept = ctx->input(index);
+        std::unique_ptr<Tensor> forwarded =
+            ctx->forward_input(index, OpKernelContext::Params::kNoReservation, kept.dtype(),
+                               kept.shape(), ::tensorflow::DEVICE_MEMORY, AllocatorAttributes());
+        if (forwarded) {
+          *out = *forwarded;
+          continue;
+        }
+        OP_REQUIRES_OK(ctx, ctx->allocate_temp(kept.dtype(), kept.shape(), out));
+        OP_REQUIRES_OK(ctx, to_tf_status(core.copy(mutable_data(out), kept.tensor_data().data(),
+                                                   kept.TotalBytes()),
                                          "joint_lattice gradient"));
       }
     }
@@ -566,7 +572,7 @@ class JointLatticeGradOp : public OpKernel {
     a.workspace = mutable_data(&workspace);
     a.lse = ctx->input(kLse).flat<float>().data();
     a.d_lattice = ctx->input(kDLattice).flat<float>().data();
-    a.saved_hidden = attrs_.untiled ? ctx->input(kSavedHidden).tensor_data().data() : nullptr;
+    a.saved_hidden = attrs_.untiled ? mutable_data(&saved_hidden) : nullptr;
     a.saved_logits = attrs_.untiled ? saved_logits.flat<float>().data() : nullptr;
     a.d_encoder = mutable_data(grads[0]);
     a.d_predictor = mutable_data(grads[1]);

@@ -95,7 +95,8 @@ struct JointShape {
 // mma.sync kernels elsewhere), or kInvalidArgument where they do not apply; kFusedMma: the
 // mma.sync kernels on any such GPU; kCublas: the cuBLAS path; kAuto: the Hopper kernels where
 // they apply (faster than the cuBLAS path on an H200, where the mma.sync ones are slower:
-// benchmarks/results), else the cuBLAS path. Untiled mode and the CPU launchers ignore it.
+// benchmarks/results), else the cuBLAS path. In untiled mode the fused forward also keeps the
+// joint values and the logits rounded to dtype for the backward. The CPU launchers ignore it.
 enum class JointKernel : int { kAuto = 0, kCublas = 1, kFused = 2, kFusedMma = 3 };
 
 struct JointOptions {
@@ -141,14 +142,17 @@ size_t joint_workspace_bytes_cpu(const JointShape& shape, const JointOptions& op
 size_t joint_workspace_bytes_cuda(const JointShape& shape, const JointOptions& options,
                                   int64_t tile_nodes, bool backward, bool untiled);
 
-// Untiled mode keeps each node's joint values (dtype) and float32 logits from the forward pass
-// for the backward pass, in a layout each device chooses: elements of the two buffers.
+// Untiled mode keeps each node's joint values (dtype) and logits from the forward pass for the
+// backward pass, in a layout each device chooses: elements of the two buffers (the logits'
+// buffer in float32 elements, whatever it holds: the GPU's fused kernels keep dtype logits).
 struct JointSavedSizes {
   int64_t hidden = 0;
   int64_t logits = 0;
 };
-JointSavedSizes joint_saved_sizes_cpu(const JointShape& shape, int64_t num_nodes);
-JointSavedSizes joint_saved_sizes_cuda(const JointShape& shape, int64_t num_nodes);
+JointSavedSizes joint_saved_sizes_cpu(const JointShape& shape, const JointOptions& options,
+                                      int64_t num_nodes);
+JointSavedSizes joint_saved_sizes_cuda(const JointShape& shape, const JointOptions& options,
+                                       int64_t num_nodes);
 
 struct JointForwardArgs {
   JointInputs in;
@@ -161,11 +165,12 @@ struct JointForwardArgs {
 
 struct JointBackwardArgs {
   JointInputs in;
-  void* workspace = nullptr;           // joint_workspace_bytes_{cpu,cuda}(..., true, untiled)
-  const float* lse = nullptr;          // [num_nodes]
-  const float* d_lattice = nullptr;    // [B, T, U1, 2]
-  const void* saved_hidden = nullptr;  // untiled: as forward (else null: recomputed per tile)
-  float* saved_logits = nullptr;       // untiled: as forward; overwritten by d logits (else null)
+  void* workspace = nullptr;         // joint_workspace_bytes_{cpu,cuda}(..., true, untiled)
+  const float* lse = nullptr;        // [num_nodes]
+  const float* d_lattice = nullptr;  // [B, T, U1, 2]
+  void* saved_hidden = nullptr;      // untiled: as forward, the GPU writes d hidden over it
+                                     // (else null: recomputed per tile)
+  float* saved_logits = nullptr;     // untiled: as forward; overwritten by d logits (else null)
   // Gradients in dtype, written by the launcher (d kernel and d bias also for an empty batch):
   void* d_encoder = nullptr;    // [B, T, H]
   void* d_predictor = nullptr;  // [B, U1, H]
