@@ -911,12 +911,12 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
           n0, rows, logits, buf.bias, in.labels, buf.offsets, in.label_lengths, s.B, s.T, s.U1, V,
           Vp, 0, o.blank, a.lse, a.d_lattice, d_logits);
     }
-    // [d kernel; d bias] += [z, 1]^T @ d logits (ordered over tiles). cuBLAS runs whole chunks of
-    // 128 columns far faster than a few more (rnnt_h200_fused.md): after the fused recompute, the
-    // columns up to V0 (it sums the tail's itself); after the kept fused forward, the whole
-    // chunks, then the rest in a second GEMM.
+    // [d kernel; d bias] += [z, 1]^T @ d logits (ordered over tiles). In 16-bit dtypes cuBLAS
+    // runs whole chunks of 128 columns far faster than a few more (rnnt_h200_fused.md,
+    // rnnt_h100_untiled.md; not in TF32): after the fused recompute with a tail, the columns up to
+    // V0 (it sums the tail's itself); otherwise the whole chunks, then the rest in a second GEMM.
     const int whole = fused::permuted_columns(V);
-    const int split = on_chip && untiled && whole < V ? whole : 0;
+    const int split = sizeof(T) == 2 && tail == 0 && whole > 0 && whole < V ? whole : 0;
     for (const auto& [c0, c1] : {std::pair{0, tail > 0    ? V0
                                               : split > 0 ? split
                                                           : Vp},
