@@ -188,6 +188,38 @@ def test_flash_rnnt_loss_tilings_agree(device):
         _compare_flash(other, (results[0][0], *results[0][1]), what=f"{tiling.id} vs untiled")
 
 
+# Untiled mode's backward writes d logits and d hidden over the values its forward kept. A
+# persistent tape still holds those after the first gradient, so the op must work on copies
+# there: a second gradient equals the first and a plain tape's, bitwise (in 16-bit dtypes on a
+# Hopper GPU the fused kernels keep the values), and in float32 the oracle's.
+@pytest.mark.parametrize("dtype", [pytest.param(tf.float32, id="float32"), HALF_DTYPES[1]])
+@pytest.mark.parametrize("device", DEVICES)
+def test_flash_rnnt_loss_untiled_persistent_tape(device, dtype):
+    shape = (3, 20, 9, 16, 131)
+    problem = _problem(7, shape, blank=0)
+    upstream = _upstream(shape[0])
+
+    def gradients(persistent):
+        with tf.device(device):
+            params = [tf.cast(tf.constant(x, tf.float32), dtype) for x in problem[:4]]
+            with tf.GradientTape(persistent=persistent) as tape:
+                tape.watch(params)
+                costs = tf_rnnt.flash_rnnt_loss(*params, *(tf.constant(x) for x in problem[4:]),
+                                                mode="untiled")
+                total = tf.reduce_sum(costs * tf.constant(upstream, costs.dtype))
+            runs = [tape.gradient(total, params) for _ in range(2 if persistent else 1)]
+        return [[tf.cast(g, tf.float64).numpy() for g in run] for run in runs]
+
+    (plain,) = gradients(False)
+    for k, run in enumerate(gradients(True)):
+        for name, got, want in zip(GRAD_NAMES, run, plain):
+            np.testing.assert_array_equal(got, want, err_msg=f"persistent tape {k}: d {name}")
+    if dtype == tf.float32:
+        expected = oracle.flash_rnnt_loss(*problem, 0, "tanh", upstream=upstream)
+        for name, got, want in zip(GRAD_NAMES, plain, expected[1:]):
+            oracle.assert_close(got, want, RTOL, err_msg=f"d {name}")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_flash_rnnt_loss_graph_modes(graph_mode, device):
     problem = _problem(6, (3, 5, 4, 6, 8), blank=2)
