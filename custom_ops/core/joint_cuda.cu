@@ -22,7 +22,6 @@
 
 #include <algorithm>
 #include <type_traits>
-#include <utility>
 
 #include "cublas_loader.h"
 #include "joint_fused.h"
@@ -917,16 +916,14 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
     // V0 (it sums the tail's itself); otherwise the whole chunks, then the rest in a second GEMM.
     const int whole = fused::permuted_columns(V);
     const int split = sizeof(T) == 2 && tail == 0 && whole > 0 && whole < V ? whole : 0;
-    for (const auto& [c0, c1] : {std::pair{0, tail > 0    ? V0
-                                              : split > 0 ? split
-                                                          : Vp},
-                                 std::pair{split, split > 0 ? Vp : 0}}) {
-      if (c1 <= c0) continue;
-      RETURN_IF_ERROR(gemm_row_major(handle, z_ld == 0, false, Hz, c1 - c0,
-                                     z_ld ? z_ld : static_cast<int>(rows), z, cuda_type<T>(),
-                                     z_ld ? z_ld : Hz, d_logits + c0, cuda_type<T>(), Vp, 1.f,
-                                     buf.d_kernel + c0, CUDA_R_32F, Vp, o.allow_tf32));
-    }
+    const auto d_kernel_gemm = [&](int c0, int c1) {
+      return gemm_row_major(handle, z_ld == 0, false, Hz, c1 - c0,
+                            z_ld ? z_ld : static_cast<int>(rows), z, cuda_type<T>(),
+                            z_ld ? z_ld : Hz, d_logits + c0, cuda_type<T>(), Vp, 1.f,
+                            buf.d_kernel + c0, CUDA_R_32F, Vp, o.allow_tf32);
+    };
+    RETURN_IF_ERROR(d_kernel_gemm(0, tail > 0 ? V0 : split > 0 ? split : Vp));
+    if (split > 0) RETURN_IF_ERROR(d_kernel_gemm(split, Vp));
     // d hidden = d logits @ Kp^T, over z's buffer (z is not needed any more).
     T* d_hidden = untiled ? static_cast<T*>(a.saved_hidden) : buf.tile_z;
     RETURN_IF_ERROR(gemm_row_major(handle, false, true, static_cast<int>(rows), Hk, Vp, d_logits,
