@@ -1,23 +1,26 @@
 // The fused joint tile kernels for Hopper (sm_90a): joint_fused.h says what they compute,
 // joint_fused_tile.cuh holds the layouts and epilogues they share with the mma.sync kernels.
 //
-// A block takes kRows = 128 consecutive packed nodes: two consumer warpgroups of 64 rows each and
-// a producer warpgroup, one thread of which issues the copies.
+// A block takes kRows = 128 consecutive packed nodes: two consumer warpgroups and a producer
+// warpgroup, one thread of which issues the copies.
 //   1. Z = act(encoder[b, t] + predictor[b, u]) for its rows, formed once in shared memory by all
 //      threads (while the producer's first copies land) in the wgmma K-major layout with the
 //      128-byte swizzle (16-byte chunk c of row r stored at chunk c ^ (r mod 8)), H padded with
 //      zeros to a multiple of 64;
-//   2. the vocabulary in chunks of 128 columns: logits = Z @ kernel[:, chunk] by wgmma, A (Z) and
-//      B from shared memory, float32 accumulators in registers. B is the output layer prepared
-//      as one 16 KB image per (chunk, K block) step, already swizzled, which the producer
-//      streams through kStages buffers with bulk copies (cp.async.bulk); "full" and "empty"
-//      mbarriers per buffer pace it, so the warpgroups need no block-wide barrier and one can
-//      run its epilogue while the other's wgmmas run;
+//   2. the vocabulary in chunks of 128 columns, the even chunks to warpgroup 0 and the odd ones to
+//      warpgroup 1, each over all 128 rows: logits = Z @ kernel[:, chunk] by wgmma (two of
+//      64 rows a K step), A (Z) and B from shared memory, float32 accumulators in registers. B is
+//      the output layer prepared as one 16 KB image per (chunk, K block) step, already swizzled,
+//      which the producer streams in step order through kStages buffers with bulk copies
+//      (cp.async.bulk); a "full" mbarrier per (warpgroup, buffer) and an "empty" one per buffer
+//      pace it. So while one warpgroup runs a chunk's epilogue, the other's wgmmas keep the
+//      tensor cores busy, and the stream runs kStages steps ahead of both;
 //   3. an epilogue per chunk on the accumulators: the logits rounded to the input dtype (as the
 //      cuBLAS path's logits tile and a mixed-precision Dense layer), plus bias, then
 //        forward:   the online log-sum-exp (Milakov & Gimelshein 2018), one rescale per chunk
-//                   and pairwise reductions (the epilogue is latency bound), and the picks;
-//                   kept (untiled mode), also Z and the rounded logits stored for the backward,
+//                   and pairwise reductions, and the picks; the two warpgroups' states merged
+//                   once at the end (warpgroup 0's first); kept (untiled mode), also Z and the
+//                   rounded logits stored for the backward,
 //        recompute: d logits = g_blank (1[v = blank] - p_v) + g_label (1[v = label] - p_v);
 //   4. recompute, when the vocabulary ends in a chunk of at most 8 columns (tail_columns): that
 //      chunk's d kernel and d bias columns, [Z, 1]^T d logits over the block's rows, from Z in
@@ -43,8 +46,11 @@ constexpr int kThreads = kConsumers + 128;  // and the producer's warpgroup
 // Registers per thread once the producer gave its share to the consumers (setmaxnreg):
 // 128 x 40 + 256 x 232 of the 64 K an SM has.
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
-constexpr int kTableBytes = 2 * kRows * 4;      // the rows' encoder and predictor indices
-constexpr int kBarrierBytes = 2 * kStages * 8;  // the full and empty mbarriers
+constexpr int kHalves = 2;  // wgmmas of 64 rows that cover a block's rows
+// The rows' encoder and predictor indices; once Z is formed, the forward's exchange of the two
+// warpgroups' log-sum-exp states (two floats a row).
+constexpr int kTableBytes = 2 * kRows * 4;
+constexpr int kBarrierBytes = 3 * kStages * 8;  // full per (warpgroup, buffer), empty per buffer
 constexpr int kAlign = 1024;                    // the swizzle pattern repeats every 1024 B
 static_assert(kMaxH * kRows * 2 == 160 * 1024, "Z of 128 x 640 16-bit values: 160 KB");
 
@@ -108,23 +114,24 @@ __device__ __forceinline__ void fence_registers(float (&d)[n]) {
   for (int i = 0; i < n; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// The block's mainloop state: where the operands and the kernel buffers' mbarriers are.
+// A warpgroup's mainloop state: where the operands and the kernel buffers' mbarriers are.
 struct Pipeline {
-  uint32_t a_address;       // this warpgroup's 64 rows of Z
+  uint32_t a_address;       // Z
   uint32_t stages_address;  // the kStages kernel buffers
-  uint32_t full, empty;     // the buffers' mbarriers, 8 bytes apart
+  uint32_t full, empty;     // this warpgroup's full mbarriers and the empty ones, 8 bytes apart
   int kblocks;              // K blocks of 64
 };
 
-// One vocabulary chunk c of nw columns: per K block, wait until its buffer is full, four k16
-// wgmmas, and once the step before's wgmmas are done, release that step's buffer; then the
-// chunk's epilogue.
+// One vocabulary chunk c of nw columns over the block's rows: per K block, wait until its buffer
+// is full, four k16 steps of two wgmmas (rows 0-63 and 64-127), and once the step before's
+// wgmmas are done, release that step's buffer; then the chunk's epilogue. phases: bit s holds
+// the parity this warpgroup waits for next on buffer s.
 template <typename T, bool kRecompute, bool kKeep, int nw, bool kTail>
 __device__ __forceinline__ void run_chunk(const Params<T>& p, const Pipeline& pipe, int c,
-                                          float (&acc)[kChunk / 2], int lane,
-                                          const RowInfo (&rows)[2], int64_t block_row0, int row0,
-                                          RowState* st, Pending* pend,
-                                          uint32_t (&tail_words)[2][4]) {
+                                          float (&acc)[kHalves][kChunk / 2], uint32_t& phases,
+                                          int lane, const RowInfo (&rows)[kHalves][2],
+                                          int64_t block_row0, int row0, RowState (&st)[kHalves],
+                                          uint32_t (&tail_words)[kHalves][2][4]) {
   // The chunk's bias for the thread's columns (-inf past the chunk's width), loaded while the
   // wgmmas run.
   float bias[kChunk / 4];
@@ -137,36 +144,114 @@ __device__ __forceinline__ void run_chunk(const Params<T>& p, const Pipeline& pi
     bias[2 * j] = b.x;
     bias[2 * j + 1] = b.y;
   }
+  // Zeroed here rather than by the first wgmma's scale_d, so that the last chunk's values are
+  // dead once its epilogue read them (registers for the epilogue's own values).
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h) {
+#pragma unroll
+    for (int i = 0; i < kChunk / 2; ++i) acc[h][i] = 0.f;
+  }
   const int step0 = c * pipe.kblocks;
   for (int kb = 0; kb < pipe.kblocks; ++kb) {
     const int step = step0 + kb, stage = step % kStages;
-    mbarrier_wait(pipe.full + 8 * stage, (step / kStages) & 1);
+    mbarrier_wait(pipe.full + 8 * stage, (phases >> stage) & 1u);
+    phases ^= 1u << stage;
     const uint32_t a_base = pipe.a_address + kb * (kRows * kRowBytes);
     const uint32_t b_base = pipe.stages_address + stage * kStageBytes;
-    fence_registers(acc);
+    fence_registers(acc[0]);
+    fence_registers(acc[1]);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kKBlock / 16; ++kk) {
-      wgmma::Mma<T, nw>::run(acc, matrix_descriptor(a_base + 32 * kk),
-                             matrix_descriptor(b_base + 32 * kk), kb == 0 && kk == 0 ? 0 : 1);
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) {
+        wgmma::Mma<T, nw>::run(acc[h], matrix_descriptor(a_base + h * 64 * kRowBytes + 32 * kk),
+                               matrix_descriptor(b_base + 32 * kk), 1);
+      }
     }
     wgmma_commit();
     wgmma_wait<1>();
-    fence_registers(acc);
+    fence_registers(acc[0]);
+    fence_registers(acc[1]);
     if (kb > 0 && lane == 0) mbarrier_arrive(pipe.empty + 8 * ((step - 1) % kStages));
   }
   wgmma_wait<0>();
-  fence_registers(acc);
+  fence_registers(acc[0]);
+  fence_registers(acc[1]);
   if (lane == 0) mbarrier_arrive(pipe.empty + 8 * ((step0 + pipe.kblocks - 1) % kStages));
-  if (!kRecompute) {
-    if (kKeep) keep_logits<T, nw, kTail>(p, acc, c * kChunk, lane, rows, block_row0, row0);
-    forward_epilogue<T, nw>(p, acc, bias, c * kChunk, lane, rows, st);
-  } else {
-    capture<T, nw>(acc, c * kChunk, pend);
-    recompute_part<T, kTail, 0>(p, *pend, bias, lane, rows, block_row0, row0, tail_words);
-    recompute_part<T, kTail, 1>(p, *pend, bias, lane, rows, block_row0, row0, tail_words);
-    recompute_part<T, kTail, 2>(p, *pend, bias, lane, rows, block_row0, row0, tail_words);
-    recompute_part<T, kTail, 3>(p, *pend, bias, lane, rows, block_row0, row0, tail_words);
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h) {
+    const int rows0 = row0 + 64 * h;
+    if (!kRecompute) {
+      if (kKeep) keep_logits<T, nw, kTail>(p, acc[h], c * kChunk, lane, rows[h], block_row0, rows0);
+      forward_epilogue<T, nw>(p, acc[h], bias, c * kChunk, lane, rows[h], &st[h]);
+    } else {
+      Pending pend;
+      capture<T, nw>(acc[h], c * kChunk, &pend);
+      recompute_part<T, kTail, 0>(p, pend, bias, lane, rows[h], block_row0, rows0, tail_words[h]);
+      recompute_part<T, kTail, 1>(p, pend, bias, lane, rows[h], block_row0, rows0, tail_words[h]);
+      recompute_part<T, kTail, 2>(p, pend, bias, lane, rows[h], block_row0, rows0, tail_words[h]);
+      recompute_part<T, kTail, 3>(p, pend, bias, lane, rows[h], block_row0, rows0, tail_words[h]);
+    }
+  }
+}
+
+// The warpgroup that takes vocabulary column v.
+__device__ __forceinline__ int column_owner(int v) { return (v / kChunk) & 1; }
+
+// The forward's results once both warpgroups are done: per row, the quad's partial states merged
+// (merge_quad), then warpgroup 0's state with warpgroup 1's (through `exchange`, [kRows][2]
+// floats, named barrier 1 over the consumers); lse by warpgroup 0, each log-probability by the
+// warpgroup whose chunk holds its column.
+template <typename T>
+__device__ __forceinline__ void store_block_rows(const Params<T>& p, const RowState (&st)[kHalves],
+                                                 const RowInfo (&rows)[kHalves][2], int lane,
+                                                 int row0, int warpgroup, float* exchange) {
+  RowState m[kHalves];
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h) m[h] = merge_quad(p, st[h], rows[h], lane);
+  const bool quad_lead = (lane & 3) == 0;
+  const auto slot = [&](int h, int half) { return exchange + 2 * (row0 + 64 * h + 8 * half); };
+  if (warpgroup == 1 && quad_lead) {
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        slot(h, half)[0] = m[h].lse[half].max;
+        slot(h, half)[1] = m[h].lse[half].sum;
+      }
+    }
+  }
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
+  if (warpgroup == 0 && quad_lead) {
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const LseState other{slot(h, half)[0], slot(h, half)[1]};
+        m[h].lse[half] = lse_merge(m[h].lse[half], other);
+        slot(h, half)[0] = m[h].lse[half].max;
+        slot(h, half)[1] = m[h].lse[half].sum;
+      }
+    }
+  }
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
+  if (!quad_lead) return;
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const RowInfo& r = rows[h][half];
+      if (!r.valid) continue;
+      const LseState s{slot(h, half)[0], slot(h, half)[1]};
+      if (warpgroup == 0) p.lse[r.node] = lse_value(s);
+      if (column_owner(p.blank) == warpgroup) {
+        p.lattice[2 * r.padded] = log_softmax_at(m[h].blank[half], s);
+      }
+      if (r.label >= 0 && column_owner(r.label) == warpgroup) {
+        p.lattice[2 * r.padded + 1] = log_softmax_at(m[h].label[half], s);
+      }
+    }
   }
 }
 
@@ -182,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
   uint8_t* const stages = z_tile + kblocks * kRows * kRowBytes;  // [kStages][kChunk][128 B]
   int32_t* const enc_row = reinterpret_cast<int32_t*>(stages + kStages * kStageBytes);
   int32_t* const pred_row = enc_row + kRows;
-  const uint32_t full = smem_address(pred_row + kRows), empty = full + 8 * kStages;
+  const uint32_t full = smem_address(pred_row + kRows), empty = full + 8 * 2 * kStages;
 
   const int tid = threadIdx.x, lane = tid & 31;
   const int64_t block_row0 = static_cast<int64_t>(blockIdx.x) * kRows;
@@ -190,25 +275,28 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
   const uint32_t stages_address = smem_address(stages);
 
   if (tid == 0) {
+    for (int s = 0; s < 2 * kStages; ++s) {
+      mbarrier_init(full + 8 * s, 1);  // the producer's arrival and the copy's bytes
+    }
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(full + 8 * s, 1);                 // the producer's arrival and the copy's bytes
-      mbarrier_init(empty + 8 * s, kConsumers / 32);  // one arrival per consumer warp
+      mbarrier_init(empty + 8 * s, kConsumers / 64);  // one arrival per warp of the step's owner
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   node_rows<T, kRows>(p, block_row0, enc_row, pred_row);
   __syncthreads();
 
-  // Step s's image into buffer s mod kStages; the first kStages need no release, so their copies
-  // run while Z forms. Of a narrower last chunk only its rows are copied (a prefix of the image).
+  // Step s (chunk s / kblocks) into buffer s mod kStages; the first kStages need no release, so
+  // their copies run while Z forms. Of a narrower last chunk only its rows are copied (a prefix of
+  // the image).
   const int tail = mma_width(p.V - (chunks - 1) * kChunk);  // the last chunk's wgmma width
   const auto issue = [&](int step) {
-    const int stage = step % kStages;
+    const int stage = step % kStages, owner = (step / kblocks) & 1;
     const uint32_t bytes = step / kblocks == chunks - 1 ? tail * kRowBytes : kStageBytes;
-    mbarrier_arrive_expect_tx(full + 8 * stage, bytes);
+    const uint32_t bar = full + 8 * (owner * kStages + stage);
+    mbarrier_arrive_expect_tx(bar, bytes);
     bulk_copy(stages_address + stage * kStageBytes,
-              p.kernel_t + static_cast<int64_t>(step) * (kStageBytes / sizeof(T)), bytes,
-              full + 8 * stage);
+              p.kernel_t + static_cast<int64_t>(step) * (kStageBytes / sizeof(T)), bytes, bar);
   };
   if (tid == kConsumers) {
     for (int step = 0; step < kStages && step < steps; ++step) issue(step);
@@ -225,7 +313,7 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
 
   if (tid >= kConsumers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
-    // The producer: the other steps, each once the consumers released the step kStages before.
+    // The producer: the other steps, each once its owner released the step kStages before.
     if (tid == kConsumers) {
       for (int step = kStages; step < steps; ++step) {
         mbarrier_wait(empty + 8 * (step % kStages), (step / kStages - 1) & 1);
@@ -236,25 +324,29 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
 
-  // 2-3. The chunks.
+  // 2-3. The chunks: warpgroup w takes chunks w, w + 2, ...
   const int warpgroup = tid >> 7, warp = (tid >> 5) & 3;
-  const int row0 = warpgroup * 64 + warp * 16 + (lane >> 2);
-  const RowInfo rows[2] = {row_info<T, kRecompute>(p, block_row0 + row0),
-                           row_info<T, kRecompute>(p, block_row0 + row0 + 8)};
-  RowState st;
-  init_row_state(&st);
-  const int full_chunks = p.V / kChunk;
-  const Pipeline pipe{smem_address(z_tile) + warpgroup * 64 * kRowBytes, stages_address, full,
-                      empty, kblocks};
-  float acc[kChunk / 2];
+  const int row0 = warp * 16 + (lane >> 2);
+  RowInfo rows[kHalves][2];
+  RowState st[kHalves];
 #pragma unroll
-  for (int i = 0; i < kChunk / 2; ++i) acc[i] = 0.f;
-  Pending pend;
-  uint32_t tail_words[2][4] = {};
-  for (int c = 0; c < chunks; ++c) {
-#define TF_RNNT_RUN_CHUNK(nw, tail_chunk)                                                        \
-  run_chunk<T, kRecompute, kKeep, nw, tail_chunk>(p, pipe, c, acc, lane, rows, block_row0, row0, \
-                                                  &st, &pend, tail_words)
+  for (int h = 0; h < kHalves; ++h) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      rows[h][half] = row_info<T, kRecompute>(p, block_row0 + row0 + 64 * h + 8 * half);
+    }
+    init_row_state(&st[h]);
+  }
+  const int full_chunks = p.V / kChunk;
+  const Pipeline pipe{smem_address(z_tile), stages_address, full + 8 * kStages * warpgroup, empty,
+                      kblocks};
+  uint32_t phases = 0;
+  float acc[kHalves][kChunk / 2];
+  uint32_t tail_words[kHalves][2][4] = {};
+  for (int c = warpgroup; c < chunks; c += 2) {
+#define TF_RNNT_RUN_CHUNK(nw, tail_chunk)                                                          \
+  run_chunk<T, kRecompute, kKeep, nw, tail_chunk>(p, pipe, c, acc, phases, lane, rows, block_row0, \
+                                                  row0, st, tail_words)
     if (c < full_chunks) {
       TF_RNNT_RUN_CHUNK(128, false);
     } else if (tail == 128) {
@@ -272,9 +364,12 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
   }
   if (kRecompute && p.tail_width > 0) {
     // The stage buffers are idle once both warpgroups' wgmmas are done.
-    sum_tail<T, kRows, kConsumers>(p, tail_words, lane, row0, z_tile, stages);
+    sum_tail<T, kRows, kConsumers, kHalves>(p, tail_words, warpgroup == column_owner(p.V - 1), lane,
+                                            row0, 64, z_tile, stages);
   }
-  if (!kRecompute) store_forward_rows(p, merge_quad(p, st, rows, lane), rows, lane);
+  if (!kRecompute) {
+    store_block_rows(p, st, rows, lane, row0, warpgroup, reinterpret_cast<float*>(enc_row));
+  }
 #endif
 }
 
