@@ -133,6 +133,8 @@ struct CoreFunctor;
 template <>
 struct CoreFunctor<CpuDevice> {
   static constexpr int64_t kDefaultMemoryBudget = kDefaultCpuMemoryBudget;
+  // The untiled backward only reads the kept joint values (JointBackwardArgs::saved_hidden).
+  static constexpr bool kOverwritesSavedHidden = false;
 
   explicit CoreFunctor(OpKernelContext* ctx) {
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
@@ -168,6 +170,8 @@ template <>
 struct CoreFunctor<GpuDevice> {
   // The GPU needs large tiles for efficient GEMMs.
   static constexpr int64_t kDefaultMemoryBudget = kDefaultGpuMemoryBudget;
+  // The untiled backward writes d hidden over the kept joint values.
+  static constexpr bool kOverwritesSavedHidden = true;
 
   explicit CoreFunctor(OpKernelContext* ctx)
       : stream(ctx->op_device_context()->stream()->platform_specific_handle().stream) {}
@@ -539,9 +543,9 @@ class JointLatticeGradOp : public OpKernel {
     // An empty batch still runs the launcher, which zeroes d kernel and d bias.
     OP_REQUIRES(ctx, ctx->input(kLse).NumElements() == N,
                 InvalidArgument("lse must have ", N, " elements"));
-    // Untiled mode: d logits overwrite the kept logits, and d hidden the kept joint values, in
-    // buffers TensorFlow forwards when it can, else in private copies (for example of a
-    // persistent tape's tensors).
+    // Untiled mode: d logits overwrite the kept logits, and on the GPU d hidden the kept joint
+    // values, in buffers TensorFlow forwards when it can, else in private copies (for example of
+    // a persistent tape's tensors).
     Tensor saved_hidden, saved_logits;
     if (attrs_.untiled) {
       const JointSavedSizes sizes = core.joint_saved_sizes(plan.shape, plan.options, N);
@@ -552,6 +556,10 @@ class JointLatticeGradOp : public OpKernel {
       for (auto [index, out] :
            {std::pair{kSavedHidden, &saved_hidden}, std::pair{kSavedLogits, &saved_logits}}) {
         const Tensor& kept = ctx->input(index);
+        if (index == kSavedHidden && !CoreFunctor<Device>::kOverwritesSavedHidden) {
+          *out = kept;  // read only
+          continue;
+        }
         std::unique_ptr<Tensor> forwarded =
             ctx->forward_input(index, OpKernelContext::Params::kNoReservation, kept.dtype(),
                                kept.shape(), ::tensorflow::DEVICE_MEMORY, AllocatorAttributes());

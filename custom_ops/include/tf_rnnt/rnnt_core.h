@@ -168,8 +168,8 @@ struct JointBackwardArgs {
   void* workspace = nullptr;         // joint_workspace_bytes_{cpu,cuda}(..., true, untiled)
   const float* lse = nullptr;        // [num_nodes]
   const float* d_lattice = nullptr;  // [B, T, U1, 2]
-  void* saved_hidden = nullptr;      // untiled: as forward, the GPU writes d hidden over it
-                                     // (else null: recomputed per tile)
+  void* saved_hidden = nullptr;      // untiled: as forward, the GPU writes d hidden over it,
+                                     // the CPU only reads it (else null: recomputed per tile)
   float* saved_logits = nullptr;     // untiled: as forward; overwritten by d logits (else null)
   // Gradients in dtype, written by the launcher (d kernel and d bias also for an empty batch):
   void* d_encoder = nullptr;    // [B, T, H]
