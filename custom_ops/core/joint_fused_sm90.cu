@@ -333,8 +333,7 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
   for (int h = 0; h < kHalves; ++h) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      rows[h][half] =
-          row_info<T, kRecompute>(p, block_row0, row0 + 64 * h + 8 * half, enc_row, pred_row);
+      rows[h][half] = row_info<T, kRecompute>(p, block_row0 + row0 + 64 * h + 8 * half);
     }
     init_row_state(&st[h]);
   }
