@@ -208,8 +208,8 @@ __global__ void __launch_bounds__(kThreads) mma_tile_kernel(const Params<T> p) {
   // (Z is visible to every warp at the first step's barrier.)
 
   const int row0 = group * 16 + (lane >> 2);
-  const RowInfo rows[2] = {row_info<T, kRecompute>(p, block_row0 + row0),
-                           row_info<T, kRecompute>(p, block_row0 + row0 + 8)};
+  const RowInfo rows[2] = {row_info<T, kRecompute>(p, block_row0, row0, enc_row, pred_row),
+                           row_info<T, kRecompute>(p, block_row0, row0 + 8, enc_row, pred_row)};
   RowState st;
   init_row_state(&st);
   const int full_chunks = p.V / kChunk;

@@ -201,8 +201,8 @@ __device__ __forceinline__ int column_owner(int v) { return (v / kChunk) & 1; }
 
 // The forward's results once both warpgroups are done: per row, the quad's partial states merged
 // (merge_quad), then warpgroup 0's state with warpgroup 1's (through `exchange`, [kRows][2]
-// floats, named barrier 1 over the consumers); lse by warpgroup 0, each log-probability by the
-// warpgroup whose chunk holds its column.
+// floats over the node table, named barrier 1 over the consumers); lse by warpgroup 0, each
+// log-probability by the warpgroup whose chunk holds its column.
 template <typename T>
 __device__ __forceinline__ void store_block_rows(const Params<T>& p, const RowState (&st)[kHalves],
                                                  const RowInfo (&rows)[kHalves][2], int lane,
@@ -210,6 +210,9 @@ __device__ __forceinline__ void store_block_rows(const Params<T>& p, const RowSt
   RowState m[kHalves];
 #pragma unroll
   for (int h = 0; h < kHalves; ++h) m[h] = merge_quad(p, st[h], rows[h], lane);
+  // Nothing holds a warpgroup with few or no chunks back (for V of at most kStages steps), so it
+  // can get here before the other's row_info read the node table that `exchange` overwrites.
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
   const bool quad_lead = (lane & 3) == 0;
   const auto slot = [&](int h, int half) { return exchange + 2 * (row0 + 64 * h + 8 * half); };
   if (warpgroup == 1 && quad_lead) {
@@ -333,7 +336,8 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
   for (int h = 0; h < kHalves; ++h) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      rows[h][half] = row_info<T, kRecompute>(p, block_row0 + row0 + 64 * h + 8 * half);
+      rows[h][half] =
+          row_info<T, kRecompute>(p, block_row0, row0 + 64 * h + 8 * half, enc_row, pred_row);
     }
     init_row_state(&st[h]);
   }

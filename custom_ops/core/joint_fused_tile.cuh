@@ -81,22 +81,31 @@ struct RowInfo {
   float g_blank, g_label, lse;
 };
 
+// Row r of the block from its node's encoder and predictor rows (node_rows): b = pred_row / U1,
+// no search. The loads but g_label's are independent, so the row costs two memory latencies
+// before the block's first chunk, not a chain of them.
 template <typename T, bool kRecompute>
-__device__ __forceinline__ RowInfo row_info(const Params<T>& p, int64_t row) {
-  RowInfo r{};
-  r.valid = row < p.rows;
-  r.label = -1;
-  if (!r.valid) return r;
-  r.node = p.n0 + row;
-  const NodeIndex i = locate_node(r.node, p.offsets, p.B, p.label_lengths);
-  r.padded = (static_cast<int64_t>(i.b) * p.T_max + i.t) * p.U1 + i.u;
-  if (i.u < p.label_lengths[i.b]) r.label = p.labels[static_cast<int64_t>(i.b) * (p.U1 - 1) + i.u];
+__device__ __forceinline__ RowInfo row_info(const Params<T>& p, int64_t block_row0, int r,
+                                            const int32_t* enc_row, const int32_t* pred_row) {
+  RowInfo info{};
+  info.label = -1;
+  const int q = pred_row[r];
+  // (The same test either way, node_rows' -1 past the tile or the row count; these forms gave
+  // the kernels the fewest register spills.)
+  info.valid = kRecompute ? q >= 0 : block_row0 + r < p.rows;
+  if (!info.valid) return info;
+  info.node = p.n0 + block_row0 + r;
+  const int b = q / p.U1, u = q - b * p.U1, t = enc_row[r] - b * p.T_max, U = p.U1 - 1;
+  info.padded = (static_cast<int64_t>(b) * p.T_max + t) * p.U1 + u;
+  const int label_length = p.label_lengths[b];
+  const int label = u < U ? p.labels[static_cast<int64_t>(b) * U + u] : -1;
   if (kRecompute) {
-    r.g_blank = p.d_lattice[2 * r.padded];
-    r.g_label = r.label >= 0 ? p.d_lattice[2 * r.padded + 1] : 0.f;
-    r.lse = p.lse[r.node];
+    info.g_blank = p.d_lattice[2 * info.padded];
+    info.lse = p.lse[info.node];
   }
-  return r;
+  if (u < label_length) info.label = label;
+  if (kRecompute) info.g_label = info.label >= 0 ? p.d_lattice[2 * info.padded + 1] : 0.f;
+  return info;
 }
 
 // The per-thread state of the epilogue: the two rows' log-sum-exp and picks.
