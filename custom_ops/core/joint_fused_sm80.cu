@@ -215,11 +215,11 @@ __global__ void __launch_bounds__(kThreads) mma_tile_kernel(const Params<T> p) {
   const int full_chunks = p.V / kChunk;
   const int tail = mma_width(p.V - (chunks - 1) * kChunk);  // the last chunk's width
   Pending pend;
-  uint32_t tail_words[1][2][4] = {};
+  uint32_t tail_words[2][4] = {};
   for (int c = 0; c < chunks; ++c) {
 #define TF_RNNT_RUN_CHUNK(nw, tail_chunk)                                                         \
   run_chunk<T, kRecompute, kKeep, nw, tail_chunk>(p, ops, c, half, group, lane, rows, block_row0, \
-                                                  row0, &st, &pend, tail_words[0])
+                                                  row0, &st, &pend, tail_words)
     if (c < full_chunks) {
       TF_RNNT_RUN_CHUNK(64, false);
     } else if (tail == 128) {
@@ -242,8 +242,7 @@ __global__ void __launch_bounds__(kThreads) mma_tile_kernel(const Params<T> p) {
     // buffers once every warp is done with them.
     copy_wait<0>();
     __syncthreads();
-    if (half == 0)
-      sum_tail<T, kRows, kThreads / 2, 1>(p, tail_words, true, lane, row0, 0, z_tile, stages);
+    if (half == 0) sum_tail<T, kRows, kThreads / 2>(p, tail_words, lane, row0, z_tile, stages);
   }
   if (!kRecompute) {
     // The row group's two halves merged, the first half's state first.

@@ -24,7 +24,8 @@
 //        recompute: d logits = g_blank (1[v = blank] - p_v) + g_label (1[v = label] - p_v);
 //   4. recompute, when the vocabulary ends in a chunk of at most 8 columns (tail_columns): that
 //      chunk's d kernel and d bias columns, [Z, 1]^T d logits over the block's rows, from Z in
-//      shared memory, so that the backward's d kernel GEMM covers whole chunks only.
+//      shared memory (Z^T d logits by wgmma, reading Z's tile MN-major), so that the backward's
+//      d kernel GEMM covers whole chunks only.
 // Each row's reductions run in a fixed order (no atomics): results are deterministic.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -60,6 +61,15 @@ static_assert(kMaxH * kRows * 2 == 160 * 1024, "Z of 128 x 640 16-bit values: 16
 __device__ __forceinline__ uint64_t matrix_descriptor(uint32_t address) {
   return static_cast<uint64_t>((address & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
          (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+// The same with both byte offsets `stride` and optionally no swizzle, for the tail sums' operands:
+// Z read MN-major (8-row groups 1024 bytes apart, the leading offset unused for 64 columns of
+// 16-bit values) and the d logits' unswizzled core matrices (128 bytes apart along K, one along N).
+__device__ __forceinline__ uint64_t strided_descriptor(uint32_t address, uint32_t stride,
+                                                       bool swizzle) {
+  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) | (uint64_t{stride >> 4} << 16) |
+         (uint64_t{stride >> 4} << 32) | (uint64_t{swizzle} << 62);
 }
 
 // mbarriers (PTX ISA, "Parallel Synchronization and Communication Instructions: mbarrier").
@@ -258,6 +268,73 @@ __device__ __forceinline__ void store_block_rows(const Params<T>& p, const RowSt
   }
 }
 
+// The recompute's tail sums (tail_columns): tail_sums[block, j, h] += sum over the block's rows r
+// of Z[r, h] d logits[r, V0 + j], V0 the tail chunk's first column, as a [64, 8] wgmma Z^T d_tail
+// over the rows per K block of Z (the K blocks split over the warpgroups); for h = H (Z's ones
+// column: d bias) one thread per column sums the rows in order. Where holds_words, the quad's
+// lane 0 holds in tail_words[h][half] the d logits of columns V0 .. V0 + 7 (rounded to T, as the
+// GEMMs read them) of row row0 + 64 h + 8 half. They go to the stage buffers, idle by then, as
+// the B operand: K-major without swizzle, core matrix g (rows 8 g .. 8 g + 7) at 128 g bytes,
+// column j's eight values its 16-byte row j.
+template <typename T>
+__device__ __forceinline__ void sum_tail_wgmma(const Params<T>& p,
+                                               const uint32_t (&tail_words)[kHalves][2][4],
+                                               bool holds_words, int lane, int row0, int warpgroup,
+                                               const uint8_t* z_tile, uint8_t* stages) {
+  uint16_t* const d_tail = reinterpret_cast<uint16_t*>(stages);
+  // Both warpgroups' wgmmas are done with the stage buffers.
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
+  if (holds_words && (lane & 3) == 0) {
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = row0 + 64 * h + 8 * half;
+        uint16_t* const row = d_tail + (r / 8) * 64 + r % 8;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t w = tail_words[h][half][k];
+          row[8 * (2 * k)] = static_cast<uint16_t>(w & 0xFFFFu);
+          row[8 * (2 * k + 1)] = static_cast<uint16_t>(w >> 16);
+        }
+      }
+    }
+  }
+  fence_async_shared();
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
+  const int H1 = p.H + 1, kblocks = p.Hk / kKBlock, warp = (threadIdx.x >> 5) & 3;
+  float* const slot = p.tail_sums + static_cast<int64_t>(blockIdx.x) * p.tail_width * H1;
+  const uint32_t z_address = smem_address(z_tile), d_address = smem_address(d_tail);
+  for (int kb = warpgroup; kb < kblocks; kb += 2) {
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    const uint32_t a_base = z_address + kb * (kRows * kRowBytes);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kRows / 16; ++k) {
+      wgmma::MmaTransposedA8<T>::run(d, strided_descriptor(a_base + 16 * k * kRowBytes, 1024, true),
+                                     strided_descriptor(d_address + 256 * k, 128, false), 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(d);
+    // The fragment: d[i] is Z column kb 64 + 16 warp + lane / 4 + 8 (i / 2), tail column
+    // 2 (lane mod 4) + i mod 2.
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int h = kb * kKBlock + 16 * warp + (lane >> 2) + 8 * (i >> 1);
+      const int j = 2 * (lane & 3) + (i & 1);
+      if (j < p.tail_width && h < p.H) slot[j * H1 + h] += d[i];
+    }
+  }
+  const int j = threadIdx.x & 127;
+  if (warpgroup == 1 && j < p.tail_width) {
+    const T* const values = reinterpret_cast<const T*>(d_tail);
+    float sum = 0.f;
+    for (int r = 0; r < kRows; ++r) sum += to_float(values[(r / 8) * 64 + 8 * j + r % 8]);
+    slot[j * H1 + p.H] += sum;
+  }
+}
+
 // kKeep: the forward also stores Z and the logits (p.z_out, p.logits_out).
 template <typename T, bool kRecompute, bool kKeep>
 __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T> p) {
@@ -367,9 +444,8 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
 #undef TF_RNNT_RUN_CHUNK
   }
   if (kRecompute && p.tail_width > 0) {
-    // The stage buffers are idle once both warpgroups' wgmmas are done.
-    sum_tail<T, kRows, kConsumers, kHalves>(p, tail_words, warpgroup == column_owner(p.V - 1), lane,
-                                            row0, 64, z_tile, stages);
+    sum_tail_wgmma(p, tail_words, warpgroup == column_owner(p.V - 1), lane, row0, warpgroup, z_tile,
+                   stages);
   }
   if (!kRecompute) {
     store_block_rows(p, st, rows, lane, row0, warpgroup, reinterpret_cast<float*>(enc_row));

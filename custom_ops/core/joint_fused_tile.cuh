@@ -414,17 +414,15 @@ __host__ __device__ __forceinline__ int tail_groups(int H) {
 
 // tail_sums[block, j, h] += sum over the block's rows r of Z[r, h] d logits[r, V0 + j]
 // (Z[r, H] = 1: d bias), V0 the tail chunk's first column; per group in row order, then over the
-// groups in order. tail_words[set]: where holds_words, the quad's lane 0 holds the d logits of
-// columns V0 .. V0 + 7 (rounded to T, as the GEMMs read them) of its rows row0 + set_stride set
-// and 8 rows below. Run by threads [0, kThreads) of the block
-// (named barrier 1); `scratch`, shared memory the kernel no longer needs, holds those d logits
-// and the groups' sums: 16 kRows bytes + at most 8 (kThreads - 16) x 8 floats (2 KB + 60 KB for
-// 256 threads, 1 KB + 28 KB for 128).
-template <typename T, int kWidth, int kRows, int kThreads, int kSets>
+// groups in order. tail_words: the quad's lane 0 holds the d logits of columns V0 .. V0 + 7
+// (rounded to T, as the GEMMs read them) of its rows row0 and row0 + 8. Run by threads
+// [0, kThreads) of the block (named barrier 1); `scratch`, shared memory the kernel no longer
+// needs, holds those d logits and the groups' sums: 16 kRows bytes + at most 8 (kThreads - 16) x 8
+// floats (1 KB + 28 KB for 128 threads).
+template <typename T, int kWidth, int kRows, int kThreads>
 __device__ __forceinline__ void sum_tail_columns(const Params<T>& p,
-                                                 const uint32_t (&tail_words)[kSets][2][4],
-                                                 bool holds_words, int lane, int row0,
-                                                 int set_stride, const uint8_t* z_tile,
+                                                 const uint32_t (&tail_words)[2][4], int lane,
+                                                 int row0, const uint8_t* z_tile,
                                                  uint8_t* scratch) {
   T* const d_tail = reinterpret_cast<T*>(scratch);  // [kRows][8]
   float* const group_sums = reinterpret_cast<float*>(scratch + kRows * 8 * sizeof(T));
@@ -441,15 +439,12 @@ __device__ __forceinline__ void sum_tail_columns(const Params<T>& p,
     old[i] = e < entries ? slot[e] : 0.f;
   }
   asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
-  if (holds_words && (lane & 3) == 0) {
+  if ((lane & 3) == 0) {
 #pragma unroll
-    for (int set = 0; set < kSets; ++set) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const uint32_t (&w)[4] = tail_words[set][half];
-        *reinterpret_cast<uint4*>(d_tail + (row0 + set_stride * set + 8 * half) * 8) =
-            make_uint4(w[0], w[1], w[2], w[3]);
-      }
+    for (int half = 0; half < 2; ++half) {
+      const uint32_t (&w)[4] = tail_words[half];
+      *reinterpret_cast<uint4*>(d_tail + (row0 + 8 * half) * 8) =
+          make_uint4(w[0], w[1], w[2], w[3]);
     }
   }
   asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
@@ -595,16 +590,14 @@ __device__ __forceinline__ void store_forward_rows(const Params<T>& p, const Row
 }
 
 // The tail sums for the recompute's tail_width (1 to 8) columns (sum_tail_columns).
-template <typename T, int kRows, int kThreads, int kSets>
-__device__ __forceinline__ void sum_tail(const Params<T>& p,
-                                         const uint32_t (&tail_words)[kSets][2][4],
-                                         bool holds_words, int lane, int row0, int set_stride,
-                                         const uint8_t* z_tile, uint8_t* scratch) {
+template <typename T, int kRows, int kThreads>
+__device__ __forceinline__ void sum_tail(const Params<T>& p, const uint32_t (&tail_words)[2][4],
+                                         int lane, int row0, const uint8_t* z_tile,
+                                         uint8_t* scratch) {
   switch (p.tail_width) {
-#define TF_RNNT_TAIL_SUMS(n)                                                               \
-  case n:                                                                                  \
-    sum_tail_columns<T, n, kRows, kThreads, kSets>(p, tail_words, holds_words, lane, row0, \
-                                                   set_stride, z_tile, scratch);           \
+#define TF_RNNT_TAIL_SUMS(n)                                                             \
+  case n:                                                                                \
+    sum_tail_columns<T, n, kRows, kThreads>(p, tail_words, lane, row0, z_tile, scratch); \
     break;
     TF_RNNT_TAIL_SUMS(1)
     TF_RNNT_TAIL_SUMS(2)

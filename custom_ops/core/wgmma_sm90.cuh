@@ -1,6 +1,6 @@
-// wgmma.mma_async m64nNk16 with float32 accumulators, A and B K-major in shared memory
-// (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"), for the N the fused joint
-// uses. d holds the warpgroup's [64, N] accumulator fragment (N / 2 floats a thread); scale_d = 0
+// wgmma.mma_async m64nNk16 with float32 accumulators, A and B K-major in shared memory (but for
+// MmaTransposedA8's A) (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"), for
+// the N the fused joint uses. d holds the warpgroup's [64, N] accumulator fragment (N / 2 floats a thread); scale_d = 0
 // overwrites it, 1 adds to it. Only for sm_90a (elsewhere the instructions compile to nothing).
 #ifndef TF_RNNT_WGMMA_SM90_CUH_
 #define TF_RNNT_WGMMA_SM90_CUH_
@@ -115,6 +115,28 @@ struct Mma;
           "+f"(d[63]) : "l"(a), "l"(b), "r"(scale_d));                                             \
     }                                                                                              \
   };
+
+// m64n8k16 with A MN-major (imm-trans-a = 1): A read as the transpose of a K-major tile.
+template <typename T>
+struct MmaTransposedA8;
+
+#define TF_RNNT_WGMMA_N8_TRANSPOSED_A(T, TY)                                                    \
+  template <>                                                                                   \
+  struct MmaTransposedA8<T> {                                                                   \
+    static __device__ __forceinline__ void run(float* d, uint64_t a, uint64_t b, int scale_d) { \
+      TF_RNNT_SM90A_ASM(                                                                        \
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"                                           \
+          "wgmma.mma_async.sync.aligned.m64n8k16.f32." TY "." TY                                \
+          " "                                                                                   \
+          "{%0, %1, %2, %3}, "                                                                  \
+          "%4, %5, p, 1, 1, 1, 0;\n}\n" : "+f"(d[0]),                                           \
+          "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "l"(a), "l"(b), "r"(scale_d));                   \
+    }                                                                                           \
+  };
+
+TF_RNNT_WGMMA_N8_TRANSPOSED_A(__nv_bfloat16, "bf16")
+TF_RNNT_WGMMA_N8_TRANSPOSED_A(__half, "f16")
+#undef TF_RNNT_WGMMA_N8_TRANSPOSED_A
 
 TF_RNNT_WGMMA_N8(__nv_bfloat16, "bf16")
 TF_RNNT_WGMMA_N8(__half, "f16")
