@@ -311,8 +311,9 @@ __device__ __forceinline__ void sum_tail_wgmma(const Params<T>& p,
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kRows / 16; ++k) {
-      wgmma::MmaTransposedA8<T>::run(d, strided_descriptor(a_base + 16 * k * kRowBytes, 1024, true),
-                                     strided_descriptor(d_address + 256 * k, 128, false), 1);
+      wgmma::Mma<T, 8>::run_transposed_a(
+          d, strided_descriptor(a_base + 16 * k * kRowBytes, 1024, true),
+          strided_descriptor(d_address + 256 * k, 128, false), 1);
     }
     wgmma_commit();
     wgmma_wait<0>();

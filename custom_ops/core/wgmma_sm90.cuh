@@ -1,7 +1,8 @@
 // wgmma.mma_async m64nNk16 with float32 accumulators, A and B K-major in shared memory (but for
-// MmaTransposedA8's A) (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"), for
-// the N the fused joint uses. d holds the warpgroup's [64, N] accumulator fragment (N / 2 floats a thread); scale_d = 0
-// overwrites it, 1 adds to it. Only for sm_90a (elsewhere the instructions compile to nothing).
+// Mma<T, 8>::run_transposed_a's A) (PTX ISA, "Asynchronous Warpgroup Level Matrix
+// Multiply-Accumulate"), for the N the fused joint uses. d holds the warpgroup's [64, N]
+// accumulator fragment (N / 2 floats a thread); scale_d = 0 overwrites it, 1 adds to it. Only for
+// sm_90a (elsewhere the instructions compile to nothing).
 #ifndef TF_RNNT_WGMMA_SM90_CUH_
 #define TF_RNNT_WGMMA_SM90_CUH_
 
@@ -24,17 +25,26 @@ struct Mma;
 
 // Mma<T, N> for the PTX type name TY of T (bf16 or f16).
 
+// m64n8k16, imm-trans-a TRANS_A ("0" or "1").
+#define TF_RNNT_WGMMA_N8_ASM(TY, TRANS_A)                    \
+  TF_RNNT_SM90A_ASM(                                         \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"            \
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32." TY "." TY \
+      " "                                                    \
+      "{%0, %1, %2, %3}, "                                   \
+      "%4, %5, p, 1, 1, " TRANS_A ", 0;\n}\n" : "+f"(d[0]),  \
+      "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "l"(a), "l"(b), "r"(scale_d))
+
+// N = 8 also with A MN-major (run_transposed_a): A read as the transpose of a K-major tile.
 #define TF_RNNT_WGMMA_N8(T, TY)                                                                 \
   template <>                                                                                   \
   struct Mma<T, 8> {                                                                            \
     static __device__ __forceinline__ void run(float* d, uint64_t a, uint64_t b, int scale_d) { \
-      TF_RNNT_SM90A_ASM(                                                                        \
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"                                           \
-          "wgmma.mma_async.sync.aligned.m64n8k16.f32." TY "." TY                                \
-          " "                                                                                   \
-          "{%0, %1, %2, %3}, "                                                                  \
-          "%4, %5, p, 1, 1, 0, 0;\n}\n" : "+f"(d[0]),                                           \
-          "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "l"(a), "l"(b), "r"(scale_d));                   \
+      TF_RNNT_WGMMA_N8_ASM(TY, "0");                                                            \
+    }                                                                                           \
+    static __device__ __forceinline__ void run_transposed_a(float* d, uint64_t a, uint64_t b,   \
+                                                            int scale_d) {                      \
+      TF_RNNT_WGMMA_N8_ASM(TY, "1");                                                            \
     }                                                                                           \
   };
 
@@ -116,31 +126,10 @@ struct Mma;
     }                                                                                              \
   };
 
-// m64n8k16 with A MN-major (imm-trans-a = 1): A read as the transpose of a K-major tile.
-template <typename T>
-struct MmaTransposedA8;
-
-#define TF_RNNT_WGMMA_N8_TRANSPOSED_A(T, TY)                                                    \
-  template <>                                                                                   \
-  struct MmaTransposedA8<T> {                                                                   \
-    static __device__ __forceinline__ void run(float* d, uint64_t a, uint64_t b, int scale_d) { \
-      TF_RNNT_SM90A_ASM(                                                                        \
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"                                           \
-          "wgmma.mma_async.sync.aligned.m64n8k16.f32." TY "." TY                                \
-          " "                                                                                   \
-          "{%0, %1, %2, %3}, "                                                                  \
-          "%4, %5, p, 1, 1, 1, 0;\n}\n" : "+f"(d[0]),                                           \
-          "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "l"(a), "l"(b), "r"(scale_d));                   \
-    }                                                                                           \
-  };
-
-TF_RNNT_WGMMA_N8_TRANSPOSED_A(__nv_bfloat16, "bf16")
-TF_RNNT_WGMMA_N8_TRANSPOSED_A(__half, "f16")
-#undef TF_RNNT_WGMMA_N8_TRANSPOSED_A
-
 TF_RNNT_WGMMA_N8(__nv_bfloat16, "bf16")
 TF_RNNT_WGMMA_N8(__half, "f16")
 #undef TF_RNNT_WGMMA_N8
+#undef TF_RNNT_WGMMA_N8_ASM
 
 TF_RNNT_WGMMA_N16(__nv_bfloat16, "bf16")
 TF_RNNT_WGMMA_N16(__half, "f16")
