@@ -10,8 +10,8 @@ Public API:
 """
 
 import importlib
-
-from tf_rnnt import _keras_registration  # noqa: F401  (Keras can load tf_rnnt classes)
+import sys
+import warnings
 
 __version__ = "0.1.0"
 
@@ -43,7 +43,20 @@ def _register_ops():
         pass
 
 
+def _register_keras_classes():
+    # TensorFlow imports Keras, so Keras is loaded here whenever the op library is. Importing
+    # tf_rnnt.keras then fills Keras' serialization registry (register_keras_serializable), so a
+    # `.keras` file that names `tf_rnnt>RNNTJoint` loads after `import tf_rnnt`.
+    if "keras" not in sys.modules:
+        return
+    try:
+        importlib.import_module("tf_rnnt.keras")
+    except Exception as error:  # a broken tf_rnnt.keras must not break `import tf_rnnt`
+        warnings.warn(f"tf_rnnt: could not register its Keras classes: {error!r}")
+
+
 _register_ops()
+_register_keras_classes()
 
 
 def __getattr__(name):
