@@ -130,7 +130,7 @@ def render(results):
         ref = references.get((r["profile"], r["lengths"], r["dtype"]))
         versus = ""
         if ref is not None and r["method"] != "reference":
-            versus = f"{ref['seconds'] / r['seconds']:.2f}x faster"
+            versus = f"{ref['seconds'] / r['seconds']:.2f}x the reference's speed"
             if r["peak_bytes"] > 0 and ref["peak_bytes"] > 0:
                 versus += f", 1/{ref['peak_bytes'] / r['peak_bytes']:.0f} of its memory"
         lines.append(f"| {r['profile']} | {r['lengths']} | {r['dtype']} | {r['method']} | "
