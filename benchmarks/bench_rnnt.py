@@ -4,7 +4,7 @@
   python benchmarks/bench_rnnt.py --suite loss    # rnnt_loss vs reference.rnnt_loss
   python benchmarks/bench_rnnt.py --suite flash   # flash tiled/untiled vs reference
   python benchmarks/bench_rnnt.py --suite scaling # time/memory vs T*U and tile size
-  python benchmarks/bench_rnnt.py --suite all --out benchmarks/results/h200.md
+  python benchmarks/bench_rnnt.py --suite all --out /tmp/rnnt_h200.md
 
 The flash suite runs each profile with all lengths full (the headline: every lattice node is
 real work) and with ragged lengths (uniform in [T/2, T] and [U/2, U], about 56% of the nodes);
@@ -40,7 +40,7 @@ from tf_rnnt import reference  # noqa: E402
 
 PROFILES = {
     "short": dict(B=32, T=128, U=32, H=640, V=1025),
-    "target": dict(B=32, T=400, U=128, H=640, V=1025),
+    "medium": dict(B=32, T=400, U=128, H=640, V=1025),
     "long": dict(B=32, T=800, U=256, H=640, V=1025),
     "cpu": dict(B=4, T=60, U=20, H=128, V=257),
     # The speech example's CPU default: a batch of 4 s utterances (40 ms frames), characters.
@@ -170,7 +170,7 @@ def fmt_rate(flops_per_second):
 
 
 def suite_loss(args, lines, results):
-    p = dict(PROFILES["target"] if args.profile == "auto" else PROFILES[args.profile])
+    p = dict(PROFILES["medium"] if args.profile == "auto" else PROFILES[args.profile])
     B, T, U, V = p["B"], p["T"], p["U"], p["V"]
     rng = np.random.default_rng(0)
     with tf.device(device_name()):
@@ -204,7 +204,7 @@ def suite_loss(args, lines, results):
 
 
 def suite_flash(args, lines, results):
-    profiles = ["short", "target", "long"] if args.profile == "auto" else [args.profile]
+    profiles = ["short", "medium", "long"] if args.profile == "auto" else [args.profile]
     dtypes = [tf.as_dtype(d) for d in args.dtypes.split(",")] if args.dtypes else (
         [tf.float32, tf.bfloat16] if device_name().startswith("GPU") else [tf.float32])
     rates = {}
@@ -212,6 +212,8 @@ def suite_flash(args, lines, results):
         for dt in dtypes:
             rates[dt.name] = matmul_rate(dt)
         tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
+        results.setdefault("meta", {})["matmul_tflops"] = {
+            k: round(v / 1e12, 1) for k, v in rates.items()}
         lines.append(
             "\nMeasured tf.matmul rate (8192^3): "
             + ", ".join(f"{k}: {v / 1e12:.0f} TFLOP/s" for k, v in rates.items())
@@ -282,7 +284,7 @@ def suite_flash(args, lines, results):
 
 def suite_scaling(args, lines, results):
     gpu = device_name().startswith("GPU")
-    base = PROFILES["target"] if gpu else PROFILES["cpu"]
+    base = PROFILES["medium"] if gpu else PROFILES["cpu"]
     lines.append(f"\n### Scaling with T*U (tiled, default tile, float32, {device_name()})\n")
     lines.append("| T | U | nodes | time | peak above inputs |")
     lines.append("|---|---|---|---|---|")
@@ -349,7 +351,10 @@ def main():
         f"# tf_rnnt benchmarks ({time.strftime('%Y-%m-%d')}, TensorFlow {tf.__version__}, "
         f"device {device_name()}{gpu_name})"
     ]
-    results = {}
+    # What benchmarks/report.py needs to render the results without this run's markdown.
+    results = {"meta": {"device": gpu_name[2:] or "CPU", "tensorflow": tf.__version__,
+                        "date": time.strftime("%Y-%m-%d"),
+                        "command": "python benchmarks/bench_rnnt.py " + " ".join(sys.argv[1:])}}
     for suite in (["loss", "flash", "scaling"] if args.suite == "all" else [args.suite]):
         {"loss": suite_loss, "flash": suite_flash, "scaling": suite_scaling}[suite](
             args, lines, results

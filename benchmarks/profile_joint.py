@@ -46,7 +46,7 @@ def summarize(path, top=None):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", default="target")
+    parser.add_argument("--profile", default="medium")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--mode", default="tiled")
     parser.add_argument("--lengths", choices=["full", "ragged"], default="full",

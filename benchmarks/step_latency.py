@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A flash step's latency when each step is waited for, and per step when steps run back to back.
 
-  python benchmarks/step_latency.py --profiles short,target,long
+  python benchmarks/step_latency.py --profiles short,medium,long
   python benchmarks/step_latency.py --libraries old.so,tf_rnnt/_tf_rnnt_ops.so --rounds 2
 
 The step is bench_rnnt.py's: flash_rnnt_loss forward + backward (tiled) from projected encoder
@@ -101,7 +101,7 @@ def table(rows, args):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--profiles", default="short,target,long",
+    parser.add_argument("--profiles", default="short,medium,long",
                         help="comma-separated profiles of bench_rnnt.py")
     parser.add_argument("--lengths", default="full", choices=["full", "ragged"])
     parser.add_argument("--dtype", default="bfloat16")

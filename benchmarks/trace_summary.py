@@ -10,9 +10,9 @@ path is cut to its layer (`--depth` components after the model, gradient ops cou
 layer whose gradient they are, digits folded so the 16 blocks of a Conformer form one row). The
 sums are GPU (or CPU-thread) busy time: overlapping streams or threads count twice.
 
-  python benchmarks/bench_rnnt.py --suite flash --profile target --lengths full \
+  python benchmarks/bench_rnnt.py --suite flash --profile medium --lengths full \
       --methods tiled-fused --dtypes bfloat16 --trace /tmp/trace
-  python benchmarks/trace_summary.py /tmp/trace/target_full_bfloat16_tiled-fused --idle
+  python benchmarks/trace_summary.py /tmp/trace/medium_full_bfloat16_tiled-fused --idle
 
 `--idle` shows instead when the GPU runs nothing: the trace's device activities (kernels, memsets,
 copies on every stream) cut into steps after each device-to-host copy (a benchmark step ends by

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job (README): sets up .venv, builds the op library, installs the example's
+# The speech example (README, docs/speech_example.md): sets up .venv, builds the op library, installs the example's
 # requirements, then trains a streaming RNN-T on human speech (Free Spoken Digit Dataset words
 # joined into digit strings, one speaker held out) plus the synthesized spoken-digit set with
 # FlashRNNTLoss, reports the held-out WER on synthesized strings and on the held-out speaker,

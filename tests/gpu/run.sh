@@ -21,7 +21,7 @@
 #   bench       benchmarks/bench_rnnt.py --suite all (results in $OUT/bench.md)
 #   profile     per-kernel times (Nsight Compute) of one tiled step, for $PROFILE_DTYPES
 #               (default "float32 bfloat16")
-#   ab          the flash step at the "target" profile for each library in $AB_LIBS (paths of
+#   ab          the flash step at the "medium" profile for each library in $AB_LIBS (paths of
 #               _tf_rnnt_ops*.so files), methods $AB_METHODS (default tiled,untiled)
 # Environment: PYTHON (default python3); TF_RNNT_LIBRARY picks the op library (default: the
 # in-tree tf_rnnt/_tf_rnnt_ops.so if built, else the installed package's); OUT (default /tmp/out)
@@ -152,8 +152,8 @@ for step in "$@"; do
       for lib in ${AB_LIBS:?set AB_LIBS to the op libraries to compare}; do
         echo "-- $lib"
         TF_RNNT_LIBRARY=$(realpath "$lib") gpu0 "$PYTHON" benchmarks/bench_rnnt.py --suite flash \
-          --profile target --methods "${AB_METHODS:-tiled,untiled}" --dtypes float32,bfloat16 2>&1 \
-          | grep -E "^\| target|matmul rate"
+          --profile medium --methods "${AB_METHODS:-tiled,untiled}" --dtypes float32,bfloat16 2>&1 \
+          | grep -E "^\| medium|matmul rate"
       done ;;
     *)
       fail "unknown step $step (see the header of $0)" ;;
