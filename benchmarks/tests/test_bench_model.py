@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_BENCH = os.path.join(_REPO_ROOT, "benchmarks", "bench_model.py")
+_BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO_ROOT = os.path.dirname(_BENCHMARKS)
+_BENCH = os.path.join(_BENCHMARKS, "bench_model.py")
 _COLUMNS = ["variant", "dtype", "GPUs", "per-GPU batch", "step ms", "throughput (utt/s)",
             "scaling vs 1 GPU", "peak memory per GPU (MiB)", "largest batch", "params"]
 

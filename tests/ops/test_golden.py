@@ -9,7 +9,7 @@ import numpy as np
 import oracle
 import pytest
 import tensorflow as tf
-from conftest import DEVICES
+from rnnt_testing import DEVICES
 
 # ---------------------------------------------------------------------------------------------
 # Case "small": B=1, T=2, U=2 (U+1=3), V=5, labels [1, 2].

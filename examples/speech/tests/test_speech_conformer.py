@@ -15,21 +15,17 @@ import subprocess
 import sys
 import textwrap
 
+import keras
 import numpy as np
+import pipeline
 import pytest
 import tensorflow as tf
+from model import ModelConfig, build_model, parts
+from saved_model_child import PREAMBLE
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SPEECH = os.path.join(REPO, "examples", "speech")
-sys.path.insert(0, SPEECH)
+from tf_rnnt import decoding
 
-import keras  # noqa: E402
-import pipeline  # noqa: E402
-from model import ModelConfig, build_model, parts  # noqa: E402
-from saved_model_child import PREAMBLE  # noqa: E402
-
-from tf_rnnt import decoding  # noqa: E402
-
+SPEECH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # examples/speech
 DATA = os.path.join(SPEECH, "data")
 
 

@@ -6,11 +6,10 @@ import subprocess
 import sys
 
 import pytest
+import trace_summary
 
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(_REPO_ROOT, "benchmarks"))
-
-import trace_summary  # noqa: E402
+_BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO_ROOT = os.path.dirname(_BENCHMARKS)
 
 
 @pytest.mark.parametrize("name, depth, expected", [
@@ -32,7 +31,7 @@ def test_layer_key(name, depth, expected):
 def test_summary_of_a_cpu_trace(tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
                PYTHONPATH=os.pathsep.join([_REPO_ROOT, os.environ.get("PYTHONPATH", "")]))
-    bench = os.path.join(_REPO_ROOT, "benchmarks", "bench_model.py")
+    bench = os.path.join(_BENCHMARKS, "bench_model.py")
     proc = subprocess.run(
         [sys.executable, bench, "--tiny", "--variants", "flash", "--dtypes", "float32",
          "--skip-batch-search", "--profile", str(tmp_path / "prof"), "--profile-steps", "2",

@@ -12,8 +12,9 @@ import subprocess
 import sys
 
 import pytest
+from rnnt_testing import REPO_ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 PROGRAM = os.path.join(ROOT, "build", "tests", "core_test")
 
 

@@ -7,6 +7,7 @@ installed binary wheel; there the wheel-specific tests run, elsewhere they are s
 """
 
 import importlib.metadata
+import importlib.util
 import json
 import os
 import subprocess
@@ -15,11 +16,11 @@ import textwrap
 
 import pytest
 import tensorflow as tf
+from rnnt_testing import REPO_ROOT
 
 import tf_rnnt
 from tf_rnnt import _loader
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IN_WHEEL_JOB = os.environ.get("TF_RNNT_EXPECT_WHEEL") == "1"
 wheel_only = pytest.mark.skipif(not IN_WHEEL_JOB,
                                 reason="checks the installed binary wheel (tests/run_wheel.sh)")
@@ -154,11 +155,10 @@ def test_backend_passes_when_tensorflow_is_importable():
 
 @needs_source
 def test_default_cpu_flags_are_portable(monkeypatch):
-    sys.path.insert(0, os.path.join(REPO_ROOT, "custom_ops"))
-    try:
-        import build
-    finally:
-        sys.path.pop(0)
+    spec = importlib.util.spec_from_file_location(
+        "tf_rnnt_build", os.path.join(REPO_ROOT, "custom_ops", "build.py"))
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
     monkeypatch.delenv("TF_RNNT_CPU_FLAGS", raising=False)
     assert not any(f in build.cpu_flags() for f in ("-mavx2", "-mfma", "-march=native"))
     monkeypatch.setenv("TF_RNNT_CPU_FLAGS", "-march=native -O2")
@@ -169,6 +169,7 @@ _FAKE_GPU = """
     import json, warnings
     import numpy as np
     import tensorflow as tf
+from rnnt_testing import REPO_ROOT
     real_list = tf.config.list_physical_devices
     def fake_list(device_type=None):
         if device_type == "GPU":
@@ -204,6 +205,7 @@ def test_no_gpu_no_warning():
         import warnings
         import numpy as np
         import tensorflow as tf
+from rnnt_testing import REPO_ROOT
         tf.config.list_physical_devices = lambda device_type=None: []
         import tf_rnnt
         with warnings.catch_warnings(record=True) as caught:

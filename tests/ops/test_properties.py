@@ -52,9 +52,9 @@ import numpy as np
 import oracle
 import pytest
 import tensorflow as tf
-from conftest import DEVICES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from rnnt_testing import DEVICES, REPO_ROOT, TESTS_DIR, pythonpath
 
 import tf_rnnt
 
@@ -552,9 +552,8 @@ def _run_in_subprocess(code):
     import subprocess
     import sys
 
-    tests_dir = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(tests_dir), tests_dir, os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=pythonpath(
+        REPO_ROOT, TESTS_DIR, os.path.dirname(os.path.abspath(__file__))))
     # Exact GEMMs on a GPU too (the conftest fixture does not reach the subprocess).
     prelude = ("import tensorflow as tf; "
                "tf.config.experimental.enable_tensor_float_32_execution(False); ")

@@ -14,6 +14,7 @@ import sys
 import textwrap
 
 import pytest
+from rnnt_testing import REPO_ROOT
 
 B, T, U, V, H = 4, 300, 120, 4096, 64
 LOGITS_BYTES = B * T * (U + 1) * V * 4
@@ -69,8 +70,7 @@ _SCRIPT = textwrap.dedent("""
 def test_tiled_flash_rnnt_loss_peak_memory():
     assert LOGITS_BYTES > 2 * 10 ** 9  # the case is one whose logits alone exceed 2 GB
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")  # CPU RSS only
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, "-c", _SCRIPT, *map(str, (B, T, U, V, H))],
                           capture_output=True, text=True, timeout=900, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]

@@ -15,13 +15,17 @@ import sys
 import numpy as np
 import pytest
 
-_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+# The worker (this file run as a script) imports test_keras, which imports oracle and
+# rnnt_testing (tests/) and keras_baselines (benchmarks/).
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_TESTS_DIR = os.path.dirname(_HERE)
 _REPO_ROOT = os.path.dirname(_TESTS_DIR)
+_WORKER_PATH = [_HERE, _TESTS_DIR, _REPO_ROOT, os.path.join(_REPO_ROOT, "benchmarks")]
 
 
 def _run_worker(kind, tmp_path):
     out = os.path.join(tmp_path, f"distributed_{kind}.json")
-    path = os.pathsep.join([_TESTS_DIR, _REPO_ROOT, os.environ.get("PYTHONPATH", "")])
+    path = os.pathsep.join([*_WORKER_PATH, os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=path)
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), kind, out], env=env,
                           capture_output=True, text=True, timeout=900)

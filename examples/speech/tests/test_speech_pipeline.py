@@ -3,19 +3,14 @@ computations: analytic sines for resampling, Python's `wave` for decoding, a flo
 STFT + mel filterbank for the features, and the committed WAV files for the batches."""
 
 import os
-import sys
 import wave
 
 import numpy as np
+import pipeline
 import pytest
 import tensorflow as tf
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SPEECH = os.path.join(REPO, "examples", "speech")
-sys.path.insert(0, SPEECH)
-
-import pipeline  # noqa: E402
-
+SPEECH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # examples/speech
 DATA = os.path.join(SPEECH, "data")
 TFIO_REASON = ("tensorflow-io's native ops do not load with TensorFlow "
                f"{tf.__version__} (they need <= 2.17.1); the CI job with 2.17.1 runs these")

@@ -17,6 +17,7 @@ import numpy as np
 import oracle
 import pytest
 import tensorflow as tf
+from rnnt_testing import REPO_ROOT, pythonpath
 
 from tf_rnnt import reference
 from tf_rnnt.keras import (
@@ -382,9 +383,7 @@ def test_keras_file_loads_after_import_tf_rnnt(tmp_path, first):
     script = os.path.join(tmp_path, "load.py")
     with open(script, "w") as f:
         f.write(_LOAD_SCRIPT.format(first=first))
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=pythonpath(REPO_ROOT))
     proc = subprocess.run([sys.executable, script, path, data, out], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

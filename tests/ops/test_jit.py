@@ -17,8 +17,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import DEVICES, requires_gpu
-from test_keras import GradientRecorder
+from rnnt_testing import DEVICES, GradientRecorder, requires_gpu
 
 import tf_rnnt
 from tf_rnnt import ops as rnnt_ops

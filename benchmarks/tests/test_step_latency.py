@@ -12,8 +12,9 @@ import pytest
 
 import tf_rnnt
 
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_SCRIPT = os.path.join(_REPO_ROOT, "benchmarks", "step_latency.py")
+_BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO_ROOT = os.path.dirname(_BENCHMARKS)
+_SCRIPT = os.path.join(_BENCHMARKS, "step_latency.py")
 
 
 @pytest.mark.slow

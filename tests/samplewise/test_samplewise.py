@@ -20,13 +20,10 @@ import numpy as np
 import oracle
 import pytest
 import tensorflow as tf
-from conftest import DEVICES, HALF_DTYPES, compile_for, make_runner
+from rnnt_testing import DEVICES, HALF_DTYPES, REPO_ROOT, compile_for, make_runner, pythonpath
 
 import tf_rnnt
 from tf_rnnt import reference, samplewise
-
-_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-_REPO_ROOT = os.path.dirname(_TESTS_DIR)
 
 RTOL = 1e-5
 ACTIVATIONS = ["tanh", "relu", "identity"]
@@ -486,8 +483,7 @@ def test_mirrored_strategy_two_cpu_replicas(tmp_path):
              "label_lengths")
     data, out = os.path.join(tmp_path, "problem.npz"), os.path.join(tmp_path, "results.json")
     np.savez(data, **dict(zip(names, problem)))
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.pathsep.join(
-        [_REPO_ROOT, os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=pythonpath(REPO_ROOT))
     proc = subprocess.run([sys.executable, "-c", _MIRRORED_WORKER, data, out], env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"

@@ -14,11 +14,9 @@ import sys
 import textwrap
 
 import pytest
+from rnnt_testing import REPO_ROOT, TESTS_DIR, pythonpath
 
 import tf_rnnt
-
-_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-_REPO_ROOT = os.path.dirname(_TESTS_DIR)
 
 requires_library = pytest.mark.skipif(not tf_rnnt.ops.library_available(),
                                       reason="op library not built")
@@ -27,8 +25,8 @@ requires_library = pytest.mark.skipif(not tf_rnnt.ops.library_available(),
 def _run(script, env=None, directory=None):
     """Runs `script` in a fresh interpreter, from a file in `directory` when given (AutoGraph
     only converts functions whose source file it can read)."""
-    full_env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [_REPO_ROOT, _TESTS_DIR, os.environ.get("PYTHONPATH", "")]), TF_CPP_MIN_LOG_LEVEL="2")
+    full_env = dict(os.environ, PYTHONPATH=pythonpath(REPO_ROOT, TESTS_DIR),
+                    TF_CPP_MIN_LOG_LEVEL="2")
     full_env.update(env or {})
     command = [sys.executable, "-c", textwrap.dedent(script)]
     if directory is not None:

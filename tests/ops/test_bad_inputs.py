@@ -15,7 +15,7 @@ import numpy as np
 import oracle
 import pytest
 import tensorflow as tf
-from conftest import DEVICES, compile_for
+from rnnt_testing import DEVICES, compile_for
 
 import tf_rnnt
 from tf_rnnt import _contract as contract

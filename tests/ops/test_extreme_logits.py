@@ -14,7 +14,7 @@ import numpy as np
 import oracle
 import pytest
 import tensorflow as tf
-from conftest import DEVICES
+from rnnt_testing import DEVICES
 
 import tf_rnnt
 

@@ -17,7 +17,7 @@ import numpy as np
 import oracle
 import pytest
 import tensorflow as tf
-from conftest import DEVICES, HALF_DTYPES, make_runner, requires_gpu
+from rnnt_testing import DEVICES, HALF_DTYPES, REPO_ROOT, make_runner, requires_gpu
 
 import tf_rnnt
 from tf_rnnt import reference
@@ -530,8 +530,7 @@ _DETERMINISM_SCRIPT = textwrap.dedent("""
 
 def _run_subprocess(script, *argv, timeout=300):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True,
                           timeout=timeout, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]

@@ -5,15 +5,12 @@ also when training stops before its last epoch."""
 import csv
 import importlib.util
 import os
-import sys
 
 import keras
 import numpy as np
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SPEECH = os.path.join(REPO, "examples", "speech")
-sys.path.insert(0, SPEECH)
+SPEECH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # examples/speech
 # Under its own module name: examples/multiworker has a train.py too.
 _spec = importlib.util.spec_from_file_location("speech_train_ema",
                                                os.path.join(SPEECH, "train.py"))

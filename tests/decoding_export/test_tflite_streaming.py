@@ -7,22 +7,17 @@ SavedModel's encode_chunk + decode_chunk.
 """
 
 import os
-import sys
 
+import export as speech_export  # examples/speech/export.py
+import keras
 import numpy as np
+import pipeline
 import pytest
 import tensorflow as tf
+from model import ModelConfig, build_model, parts
+from rnnt_testing import SPEECH_DIR
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SPEECH = os.path.join(REPO, "examples", "speech")
-sys.path.insert(0, SPEECH)
-
-import export as speech_export  # noqa: E402
-import keras  # noqa: E402
-import pipeline  # noqa: E402
-from model import ModelConfig, build_model, parts  # noqa: E402
-
-from tf_rnnt import export  # noqa: E402
+from tf_rnnt import export
 
 CHUNK = 16  # feature frames per step: 4 encoder frames
 
@@ -40,7 +35,7 @@ def tiny_model(predictor):
 
 
 def held_out_features():
-    paths, _ = pipeline.read_manifest(os.path.join(SPEECH, "data", "test.tsv"))
+    paths, _ = pipeline.read_manifest(os.path.join(SPEECH_DIR, "data", "test.tsv"))
     return pipeline.log_mel(pipeline.load_audio(paths[0])).numpy()[None]
 
 

@@ -7,22 +7,19 @@ before TensorFlow initializes, so they run in a subprocess).
 """
 
 import os
-import sys
 
 import keras
 import numpy as np
 import oracle
 import pytest
 import tensorflow as tf
+from keras_baselines import LogitsHead  # the benchmarks' full-logits head
+from rnnt_testing import GradientRecorder
 
 import tf_rnnt
 from tf_rnnt import ops as rnnt_ops
 from tf_rnnt import reference
 from tf_rnnt.keras import PAD_NODE_VALUE, FlashRNNTLoss, PredictorInput, RNNTJoint, RNNTLoss
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
-from keras_baselines import LogitsHead  # noqa: E402  (the benchmarks' full-logits head)
 
 VOCAB = 7  # blank 0 + 6 labels
 FEATURES = 5
@@ -110,23 +107,6 @@ def batch_lengths(features, labels):
     frame_lengths = np.sum(np.any(features != 0, axis=-1), axis=1).astype(np.int32)
     label_lengths = np.sum(labels != PAD, axis=1).astype(np.int32)
     return frame_lengths, label_lengths
-
-
-class GradientRecorder(keras.optimizers.Optimizer):
-    """An optimizer that stores each variable's (all-reduced) gradient and changes nothing."""
-
-    def __init__(self, **kwargs):
-        super().__init__(learning_rate=0.0, **kwargs)
-
-    def build(self, variables):
-        if self.built:
-            return
-        super().build(variables)
-        self.gradients = [self.add_variable_from_reference(v, name="gradient") for v in variables]
-
-    def update_step(self, gradient, variable, learning_rate):
-        gradient = tf.convert_to_tensor(gradient)  # sums an Embedding's IndexedSlices rows
-        self.assign(self.gradients[self._get_variable_index(variable)], gradient)
 
 
 def reference_loss_and_gradients(model, features_model, features, labels, sample_weight=None):

@@ -36,7 +36,7 @@ import numpy as np
 import oracle
 import pytest
 import tensorflow as tf
-from conftest import DEVICES, requires_gpu
+from rnnt_testing import DEVICES, REPO_ROOT, TESTS_DIR, requires_gpu
 
 import tf_rnnt
 
@@ -46,8 +46,6 @@ UNIT_ROUNDOFF = {tf.float32: U32, tf.float16: 2.0 ** -11, tf.bfloat16: 2.0 ** -8
 ALL_DTYPES = [pytest.param(tf.float32, id="float32"), pytest.param(tf.float16, id="float16"),
               pytest.param(tf.bfloat16, id="bfloat16")]
 GRAD_NAMES = ("encoder", "predictor", "kernel", "bias")
-_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-_REPO_ROOT = os.path.dirname(_TESTS_DIR)
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -591,7 +589,7 @@ _DETERMINISM_SCRIPT = textwrap.dedent("""
 def _run_subprocess(script, *argv, timeout=300, env_extra=None):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env_extra or {}))
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (_REPO_ROOT, _TESTS_DIR, env.get("PYTHONPATH")) if p)
+        p for p in (REPO_ROOT, TESTS_DIR, env.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True,
                           timeout=timeout, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]

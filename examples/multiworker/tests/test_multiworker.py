@@ -16,8 +16,9 @@ import sys
 import numpy as np
 import pytest
 
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_TRAIN = os.path.join(_REPO_ROOT, "examples", "multiworker", "train.py")
+_EXAMPLE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # examples/multiworker
+_REPO_ROOT = os.path.dirname(os.path.dirname(_EXAMPLE))
+_TRAIN = os.path.join(_EXAMPLE, "train.py")
 _STEPS = 3
 _GLOBAL_BATCH = 8
 

@@ -10,7 +10,7 @@ import numpy as np
 import oracle
 import pytest
 import tensorflow as tf
-from conftest import DEVICES, HALF_DTYPES, compile_for, requires_gpu
+from rnnt_testing import DEVICES, HALF_DTYPES, compile_for, requires_gpu
 
 import tf_rnnt
 from tf_rnnt import reference
