@@ -1,9 +1,9 @@
 """Investigation: Keras LSTM weight gradients under mixed_bfloat16, with and without cuDNN
 (tf_rnnt not used). Kept to re-check the Keras LSTM caveat on new TensorFlow versions.
 
-    python tests/gpu/investigations/lstm_bf16_repro.py [--trials 20]
+    python scripts/investigations/lstm_bf16_repro.py [--trials 20]
 
-tests/gpu/investigations/mixed_bf16_check.py found non-finite LSTM weight gradients in bfloat16
+scripts/investigations/mixed_bf16_check.py found non-finite LSTM weight gradients in bfloat16
 training on a GPU even when the gradients fed into the LSTMs were finite and came from
 tf_rnnt.reference.
 This script takes tf_rnnt out: one LSTM (the test model's sizes), finite inputs and finite

@@ -1,13 +1,13 @@
 """Investigation: where a non-finite gradient first appears in mixed-precision training of the
 Keras test model. A tool for the next mixed-precision NaN.
 
-    python tests/gpu/investigations/mixed_bf16_check.py [--variants a,b,...] [--steps 6]
+    python scripts/investigations/mixed_bf16_check.py [--variants a,b,...] [--steps 6]
 
-On a GPU, tests/test_keras.py::test_mixed_precision_trains_without_nan[mixed_bfloat16] once
-failed (the predictor-side weights were NaN after the first Adam step) while the float32 and
-mixed_float16 runs and every op-level bfloat16 test passed (the cause was Keras' cuDNN LSTM).
-This script trains the test's model (seed 3, Adam 0.01, batches of 4) step by step in several
-variants and prints, per step, the loss and the variables whose gradient is not finite.
+On a GPU, tests/keras_api/test_keras.py::test_mixed_precision_trains_without_nan[mixed_bfloat16]
+once failed (the predictor-side weights were NaN after the first Adam step) while the float32 and
+mixed_float16 runs and every op-level bfloat16 test passed (the cause was Keras' cuDNN LSTM). This
+script trains the test's model (seed 3, Adam 0.01, batches of 4) step by step in several variants
+and prints, per step, the loss and the variables whose gradient is not finite.
 At the first bad step it also compares the joint op's four gradients on those inputs with
 tf_rnnt.reference in the same precision. Variants:
   bf16        mixed_bfloat16, as the test
@@ -28,9 +28,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(os.path.dirname(_HERE)))  # tests/
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(_HERE))))  # the checkout
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The checkout, and test_keras with what it imports (tests/, benchmarks/).
+sys.path[:0] = [_REPO, os.path.join(_REPO, "tests", "keras_api"), os.path.join(_REPO, "tests"),
+                os.path.join(_REPO, "benchmarks")]
 
 import test_keras as tk  # noqa: E402
 

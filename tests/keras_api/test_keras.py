@@ -385,7 +385,7 @@ def test_variable_lengths_do_not_retrace_train_step():
 def test_mixed_precision_trains_without_nan(policy):
     keras.mixed_precision.set_global_policy(policy)
     # Keras' cuDNN LSTM gives non-finite bfloat16 weight gradients on the H200 even for finite
-    # upstream gradients (tests/gpu/investigations/lstm_bf16_repro.py, no tf_rnnt involved):
+    # upstream gradients (scripts/investigations/lstm_bf16_repro.py, no tf_rnnt involved):
     # keep the LSTMs off cuDNN there so the test checks the joint, not that TensorFlow issue.
     lstm_kwargs = {"use_cudnn": False} if policy == "mixed_bfloat16" else None
     try:

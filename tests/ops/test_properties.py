@@ -28,7 +28,7 @@ values of its terms):
   off by about u32 L.
 - rnnt_loss / lattice_loss with float16/bfloat16 inputs: the op reduces in float32 from the
   rounded inputs and rounds the gradient once into the input dtype: + 2u relative plus u of the
-  tensor's largest entry (u = 2^-11 float16, 2^-8 bfloat16), as in tests/test_rnnt_ops.py,
+  tensor's largest entry (u = 2^-11 float16, 2^-8 bfloat16), as in tests/ops/test_rnnt_ops.py,
   plus the smallest subnormal (float16 gradients below 6e-5 lose relative precision).
 - joint ops (flash, samplewise) with float16/bfloat16 inputs: the joint values and d logits are
   rounded to the input dtype on the way (on the GPU they feed half-precision GEMMs; the CPU
@@ -435,7 +435,7 @@ def test_joint_lattice_matches_oracle(device, problem, activation, tiling):
 
 # Each samplewise configuration (activation, dtype, parallel_iterations, FastEmit) traces its own
 # tf.function (~2 s on the CPU), so these properties vary the shapes and values freely but keep
-# the configurations few; tests/test_samplewise.py covers the other options.
+# the configurations few; tests/samplewise/test_samplewise.py covers the other options.
 @pytest.mark.parametrize("device", DEVICES)
 @_settings(20)
 @given(problem=joint_problems(), activation=st.sampled_from(ACTIVATIONS))
