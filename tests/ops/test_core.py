@@ -14,17 +14,16 @@ import sys
 import pytest
 from rnnt_testing import REPO_ROOT
 
-ROOT = REPO_ROOT
-PROGRAM = os.path.join(ROOT, "build", "tests", "core_test")
+PROGRAM = os.path.join(REPO_ROOT, "build", "tests", "core_test")
 
 
 @pytest.fixture(scope="module")
 def core_test_program():
-    if not os.path.exists(os.path.join(ROOT, "custom_ops", "build.py")):
+    if not os.path.exists(os.path.join(REPO_ROOT, "custom_ops", "build.py")):
         pytest.skip("needs the source tree's custom_ops/ (this run tests an installed wheel)")
     build = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "custom_ops", "build.py"), "--tests"], cwd=ROOT,
-        capture_output=True, text=True)
+        [sys.executable, os.path.join(REPO_ROOT, "custom_ops", "build.py"), "--tests"],
+        cwd=REPO_ROOT, capture_output=True, text=True)
     assert build.returncode == 0, build.stdout + build.stderr
     return PROGRAM
 

@@ -169,7 +169,6 @@ _FAKE_GPU = """
     import json, warnings
     import numpy as np
     import tensorflow as tf
-from rnnt_testing import REPO_ROOT
     real_list = tf.config.list_physical_devices
     def fake_list(device_type=None):
         if device_type == "GPU":
@@ -205,7 +204,6 @@ def test_no_gpu_no_warning():
         import warnings
         import numpy as np
         import tensorflow as tf
-from rnnt_testing import REPO_ROOT
         tf.config.list_physical_devices = lambda device_type=None: []
         import tf_rnnt
         with warnings.catch_warnings(record=True) as caught:
