@@ -1,5 +1,5 @@
-"""The full-logits baselines that the Keras benchmarks (and tests/test_keras.py) set against
-`RNNTJoint` + `FlashRNNTLoss`: `LogitsHead`, the `[B, T, U+1, V]` logits of an `RNNTJoint`'s
+"""The full-logits baselines that the Keras benchmarks (and tests/keras_api/test_keras.py) set
+against `RNNTJoint` + `FlashRNNTLoss`: `LogitsHead`, the `[B, T, U+1, V]` logits of an `RNNTJoint`'s
 weights, and `ReferenceRNNTLoss`, `tf_rnnt.reference.rnnt_loss` on them.
 
 Imports Keras and TensorFlow: the benchmarks import it in their worker processes only.

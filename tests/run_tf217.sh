@@ -14,6 +14,7 @@ export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 TF_RNNT_WITH_CUDA=0 "$VENV/bin/python" custom_ops/build.py --out build/tf217/tf_rnnt/_tf_rnnt_ops.so
 export TF_RNNT_LIBRARY=$PWD/build/tf217/tf_rnnt/_tf_rnnt_ops.so PYTHONPATH=$PWD
 "$VENV/bin/python" -c "import tensorflow_io as tfio, tensorflow as tf; print('tensorflow', tf.__version__, 'tensorflow-io', tfio.__version__)"
-exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_rnnt_ops.py \
-  tests/test_joint_lattice.py tests/test_golden.py tests/test_speech_pipeline.py \
-  tests/test_export.py tests/test_jit.py tests/test_packaging.py "$@"
+exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/ops/test_rnnt_ops.py \
+  tests/ops/test_joint_lattice.py tests/ops/test_golden.py \
+  examples/speech/tests/test_speech_pipeline.py examples/speech/tests/test_export.py \
+  tests/ops/test_jit.py tests/packaging/test_packaging.py "$@"

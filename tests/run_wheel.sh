@@ -2,8 +2,9 @@
 # Wheel job: builds the binary wheel for TensorFlow 2.21 (scripts/build_wheel.sh: CUDA kernels
 # for sm_80/86/89/90 + PTX), installs it with its `tensorflow` extra into a clean virtualenv,
 # and, with no nvcc on PATH, checks its build record and GPU kernel registrations and runs the
-# CPU test suite against the installed wheel: the tests (with the examples and benchmarks they run)
-# are copied to a scratch directory that has no tf_rnnt/ source package.
+# CPU test suite against the installed wheel: the tests (tests/, the examples and benchmarks with
+# their tests, the shared conftest.py and pyproject.toml's pytest settings) are copied to a scratch
+# directory that has no tf_rnnt/ source package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -24,7 +25,7 @@ wheel=$(ls "$work"/dist/tf_rnnt-*.whl)
 no_nvcc_path=$(echo "$PATH" | tr ':' '\n' | while read -r dir; do
   [ -n "$dir" ] && [ ! -e "$dir/nvcc" ] && printf '%s:' "$dir"; done)
 mkdir "$work/run"
-cp -r tests examples benchmarks "$work/run/"
+cp -r tests examples benchmarks conftest.py pyproject.toml "$work/run/"
 cd "$work/run"
 env -u CUDA_HOME -u CUDA_PATH -u PYTHONPATH -u TF_RNNT_LIBRARY PATH="$work/venv/bin:$no_nvcc_path" \
   TF_RNNT_EXPECT_WHEEL=1 bash -c '
@@ -41,5 +42,5 @@ print("build_info:", json.dumps(info, sort_keys=True))
 missing = [op for op in _loader.OPS if op not in _loader.gpu_kernel_ops()]
 assert info["cuda"] and not missing, ("ops without GPU kernels", missing)
 PY
-exec python -m pytest -q -p no:cacheprovider tests "$@"
+exec python -m pytest -q -p no:cacheprovider tests examples benchmarks "$@"
 ' run_wheel "$@"

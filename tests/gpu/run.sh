@@ -9,9 +9,9 @@
 #               $TF_RNNT_CUBLAS, default the nvidia-cublas wheel's libcublas.so.*
 #   timing      build/tests/joint_timing: the CUDA launchers timed without TensorFlow, the
 #               cuBLAS path against both fused tile kernels ($TIMING_DTYPES, $TIMING_ARGS)
-#   tests       the test suite ($TEST_FILES, default tests/) with GPU memory growth, so that
-#               pytest-xdist workers share the GPU (PYTEST_ARGS="-n 8"; "-k gpu" keeps mostly the
-#               GPU variants)
+#   tests       the test suite ($TEST_FILES, default "tests examples benchmarks": every test
+#               folder) with GPU memory growth, so that pytest-xdist workers share the GPU
+#               (PYTEST_ARGS="-n 8"; "-k gpu" keeps mostly the GPU variants)
 #   robustness  tests/gpu/robustness_gpu.py: long lattices, logits ~1e4 in half precision,
 #               concurrency, out-of-memory errors, determinism
 #   xla         tests/gpu/xla_gpu_check.py: each op under XLA (jit_compile) against no XLA, and a
@@ -90,7 +90,8 @@ for step in "$@"; do
       done ;;
     tests)
       TF_FORCE_GPU_ALLOW_GROWTH=true gpu0 "$PYTHON" -m pytest -q -rs -p no:cacheprovider \
-        ${PYTEST_ARGS:-} ${TEST_FILES:-tests} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -40
+        ${PYTEST_ARGS:-} ${TEST_FILES:-tests examples benchmarks} 2>&1 \
+        | tee "$OUT/pytest_gpu.log" | tail -40
       [[ ${PIPESTATUS[0]} == 0 ]] || fail tests ;;
     robustness)
       gpu0 "$PYTHON" tests/gpu/robustness_gpu.py > "$OUT/robustness_gpu.log" 2>&1 || fail robustness
