@@ -9,6 +9,10 @@ and central differences; tf_rnnt.reference.tdt_loss (pure TF, autodiff) and the 
 import numpy as np
 import oracle
 import pytest
+import tensorflow as tf
+from conftest import compile_for
+
+from tf_rnnt import reference
 
 DURATIONS = [pytest.param([0, 1], id="d01"), pytest.param([0, 1, 2, 3, 4], id="d01234"),
              pytest.param([1, 2], id="d12")]
@@ -125,3 +129,96 @@ def test_oracle_fastemit_scales_label_channel_and_clamp_clips():
     _, clamped = oracle.tdt_lattice_loss(lattice, *lengths, durations, clamp=0.1)
     assert np.max(np.abs(plain)) > 0.2
     np.testing.assert_array_equal(clamped, np.clip(plain, -0.1, 0.1))
+
+
+# ------------------------------------------------------------------------------ the reference
+
+RTOL = 1e-5
+
+
+def run_tdt(loss_fn, logits, labels, logit_lengths, label_lengths, upstream=None,
+            device="/CPU:0", graph_mode="eager", dtype=tf.float32, **options):
+    """Costs and d (sum upstream * costs) / d logits of `loss_fn` (op or reference), float64."""
+    upstream = np.ones(np.shape(logits)[0]) if upstream is None else upstream
+
+    def step(logits, labels, logit_lengths, label_lengths, upstream):
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            costs = loss_fn(logits, labels, logit_lengths, label_lengths, **options)
+            total = tf.reduce_sum(costs * upstream)
+        return costs, tape.gradient(total, logits)
+
+    with tf.device(device):
+        args = [tf.cast(tf.constant(logits, tf.float32), dtype), tf.constant(labels),
+                tf.constant(logit_lengths), tf.constant(label_lengths),
+                tf.constant(upstream, tf.float32)]
+        costs, grad = compile_for(step, graph_mode, args)(*args)
+    assert costs.dtype == tf.float32
+    assert grad.dtype == dtype
+    return costs.numpy().astype(np.float64), tf.cast(grad, tf.float64).numpy()
+
+
+REFERENCE_CASES = [
+    pytest.param((3, 6, 3, 5), [0, 1, 2, 3, 4], 0, 0.0, id="d01234_blank0"),
+    pytest.param((3, 5, 2, 4), [0, 1], -1, 0.05, id="d01_blank_last_sigma"),
+    pytest.param((3, 7, 2, 4), [1, 2], 2, 0.0, id="d12_blank_middle"),
+    pytest.param((2, 3, 0, 3), [0, 1, 2, 3, 4], 0, 0.5, id="U0_T_lt_maxd"),
+]
+
+
+def _feasible(logit_lengths, label_lengths, durations):
+    """Lengths with an alignment: without duration 0 each label takes a frame of its own."""
+    if 0 not in durations:
+        logit_lengths = np.maximum(logit_lengths, label_lengths + 1)
+    return logit_lengths.astype(np.int32)
+
+
+@pytest.mark.parametrize("shape,durations,blank,sigma", REFERENCE_CASES)
+def test_reference_matches_oracle(shape, durations, blank, sigma):
+    logits, labels, logit_lengths, label_lengths = _tdt_problem(10, shape, durations, blank)
+    logit_lengths = _feasible(logit_lengths, label_lengths, durations)
+    logits = logits.astype(np.float32)
+    upstream = oracle.upstream_weights(shape[0])
+    costs, grads = oracle.tdt_loss(logits, labels, logit_lengths, label_lengths, durations,
+                                   blank, sigma, upstream=upstream)
+    got_costs, got_grads = run_tdt(reference.tdt_loss, logits, labels, logit_lengths,
+                                   label_lengths, upstream, durations=durations, blank=blank,
+                                   sigma=sigma)
+    oracle.assert_close(got_costs, costs, RTOL)
+    oracle.assert_close(got_grads, grads, RTOL)
+
+
+@pytest.mark.parametrize("fastemit_lambda,clamp", [(0.5, -1.0), (0.0, 0.05), (0.3, 0.05)])
+def test_reference_fastemit_and_clamp_match_oracle(fastemit_lambda, clamp):
+    durations = [0, 1, 2]
+    logits, labels, logit_lengths, label_lengths = _tdt_problem(11, (3, 6, 3, 4), durations)
+    logits = logits.astype(np.float32)
+    upstream = np.array([2.0, 0.5, -3.0])
+    costs, grads = oracle.tdt_loss(logits, labels, logit_lengths, label_lengths, durations, 0,
+                                   0.1, fastemit_lambda, clamp, upstream)
+    got_costs, got_grads = run_tdt(reference.tdt_loss, logits, labels, logit_lengths,
+                                   label_lengths, upstream, durations=durations, sigma=0.1,
+                                   fastemit_lambda=fastemit_lambda, clamp=clamp)
+    oracle.assert_close(got_costs, costs, RTOL)
+    oracle.assert_close(got_grads, grads, RTOL)
+
+
+def test_reference_float64_lattice_matches_oracle_under_tf_function():
+    # Unknown shapes (input_signature of None dims), a float64 lattice input (computed in
+    # float32).
+    durations = [0, 1, 2, 3]
+    logits, labels, logit_lengths, label_lengths = _tdt_problem(12, (2, 5, 2, 3), durations)
+    lattice = oracle.tdt_lattice_from_logits(logits, labels, durations)
+    costs, grads = oracle.tdt_lattice_loss(lattice, logit_lengths, label_lengths, durations)
+
+    @tf.function(input_signature=[tf.TensorSpec([None] * 4, tf.float64),
+                                  tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32)])
+    def step(lat, t_len, u_len):
+        with tf.GradientTape() as tape:
+            tape.watch(lat)
+            c = reference.tdt_lattice_loss(tf.cast(lat, tf.float32), t_len, u_len, durations)
+        return c, tape.gradient(c, lat)
+
+    got_costs, got_grads = step(lattice, logit_lengths, label_lengths)
+    oracle.assert_close(got_costs.numpy(), costs, RTOL)
+    oracle.assert_close(got_grads.numpy(), grads, RTOL)
