@@ -10,7 +10,7 @@ import numpy as np
 import oracle
 import pytest
 import tensorflow as tf
-from conftest import DEVICES, compile_for
+from conftest import DEVICES, compile_for, requires_gpu
 
 import tf_rnnt
 from tf_rnnt import ops as rnnt_ops
@@ -636,3 +636,81 @@ def test_tdt_loss_run_time_errors_name_the_argument():
 
     with pytest.raises(tf.errors.InvalidArgumentError, match="V >= 1 token logits"):
         dynamic(logits)
+
+
+# ------------------------------------------------------------------------------ more shapes
+
+
+@requires_library
+@pytest.mark.parametrize("device", DEVICES)
+def test_tdt_loss_larger_case(device):
+    # Enough samples for the CPU kernel to shard them over threads.
+    durations = [0, 1, 2, 3, 4]
+    shape = (8, 20, 8, 12)
+    logits, labels, logit_lengths, label_lengths = _tdt_logits_problem(40, shape, durations, -1)
+    upstream = oracle.upstream_weights(shape[0])
+    costs, grads = oracle.tdt_loss(logits, labels, logit_lengths, label_lengths, durations, -1,
+                                   0.05, upstream=upstream)
+    got_costs, got_grads = run_tdt(tf_rnnt.tdt_loss, logits, labels, logit_lengths,
+                                   label_lengths, upstream, device, durations=durations,
+                                   blank=-1, sigma=0.05)
+    oracle.assert_close(got_costs, costs, RTOL)
+    oracle.assert_close(got_grads, grads, RTOL)
+
+
+@requires_library
+@pytest.mark.parametrize("device", DEVICES)
+def test_tdt_lattice_loss_more_labels_than_a_block_has_threads(device):
+    # U + 1 = 1101 positions on a diagonal, more than the GPU kernel's 1024 threads a block.
+    # The alphas reach |log P| ~ 27 over 1100 float32 steps: log P carries ~1e-4 of rounding
+    # (the oracle is float64), which every gradient entry inherits relative to its size.
+    durations = [0, 1, 2]
+    rng = np.random.default_rng(41)
+    logit_lengths, label_lengths = np.array([5, 4], np.int32), np.array([1100, 700], np.int32)
+    lattice = rng.uniform(-0.05, 0.0, size=(2, 5, 1101, 5)).astype(np.float32)
+    upstream = oracle.upstream_weights(2)
+    costs, grads = oracle.tdt_lattice_loss(lattice, logit_lengths, label_lengths, durations,
+                                           upstream=upstream)
+    got_costs, got_grads = run_tdt_lattice_loss(lattice, logit_lengths, label_lengths, durations,
+                                                upstream, device)
+    oracle.assert_close(got_costs, costs, RTOL)
+    oracle.assert_close(got_grads, grads, 2e-4)
+
+
+@requires_library
+@pytest.mark.parametrize("entry", ["tdt_loss", "tdt_lattice_loss"])
+def test_second_order_gradient_raises(entry):
+    durations = [0, 1]
+    logits, labels, logit_lengths, label_lengths = _tdt_logits_problem(42, (2, 3, 2, 4),
+                                                                       durations)
+    if entry == "tdt_loss":
+        x = tf.constant(logits)
+        loss = lambda x: tf_rnnt.tdt_loss(x, labels, logit_lengths, label_lengths,  # noqa: E731
+                                          durations)
+    else:
+        x = tf.constant(oracle.tdt_lattice_from_logits(logits, labels, durations), tf.float32)
+        loss = lambda x: tf_rnnt.tdt_lattice_loss(x, logit_lengths, label_lengths,  # noqa: E731
+                                                  durations)
+    with tf.GradientTape() as outer:
+        outer.watch(x)
+        with tf.GradientTape() as inner:
+            inner.watch(x)
+            total = tf.reduce_sum(loss(x))
+        grad = inner.gradient(total, x)
+        norm = tf.reduce_sum(grad * grad)
+    with pytest.raises(tf_rnnt.SecondOrderGradientError, match=entry):
+        outer.gradient(norm, x)
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_tdt_cpu_gpu_parity():
+    durations = [0, 1, 2, 3, 4]
+    shape = (4, 12, 6, 9)
+    logits, labels, logit_lengths, label_lengths = _tdt_logits_problem(43, shape, durations, 0)
+    upstream = oracle.upstream_weights(shape[0])
+    results = [run_tdt(tf_rnnt.tdt_loss, logits, labels, logit_lengths, label_lengths, upstream,
+                       device, durations=durations, sigma=0.05, fastemit_lambda=0.1, clamp=0.5)
+               for device in ("/CPU:0", "/GPU:0")]
+    for cpu, gpu in zip(*results):
+        oracle.assert_close(gpu, cpu, RTOL)

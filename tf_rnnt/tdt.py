@@ -30,7 +30,7 @@ def tdt_lattice_loss(lattice, logit_lengths, label_lengths, durations, fastemit_
     `(logit_length, label_length + 1)` rectangle are never read and get a zero gradient.
 
     Args:
-      lattice: `[B, T, U+1, 2 + D]` float32 (float16/bfloat16/float64 are cast):
+      lattice: `[B, T, U+1, 2 + D]` float32 (float16/bfloat16 are cast):
         `log P(blank|t,u) - sigma`, `log P(y_{u+1}|t,u) - sigma`, `log P(durations[i]|t,u)`.
       logit_lengths: `[B]` int32/int64 in `[1, T]`.
       label_lengths: `[B]` int32/int64 in `[0, U]`.
@@ -54,8 +54,7 @@ def _tdt_lattice_loss(lattice, logit_lengths, label_lengths, durations, fastemit
     durations = contract.check_durations(durations, owner)
     fastemit_lambda = contract.check_fastemit_lambda(fastemit_lambda, owner)
     clamp = contract.check_clamp(clamp, owner)
-    lattice = contract.float_tensor(lattice, "lattice", owner,
-                                    dtypes=contract.FLOAT_DTYPES + (tf.float64,))
+    lattice = contract.float_tensor(lattice, "lattice", owner)
     lattice = tf.cast(lattice, tf.float32)
     channels = contract.static_dim(lattice, 3)
     if channels is not None and channels != 2 + len(durations):

@@ -7,14 +7,14 @@
 // Moves (NeMo's convention): from (t, u) a blank with duration d >= 1 goes to (t + d, u), label
 // y_{u+1} with duration d >= 0 to (t + d, u + 1), each scoring its token channel plus its
 // duration channel. Intermediate nodes lie at t < T_b; the last emission is a blank landing on
-// t + d == T_b at u == U_b:
-//   alpha(0, 0) = 0,
-//   alpha(t, u) = logsumexp over i of alpha(t - d_i, u) + blank + dur_i   (d_i >= 1)
-//                                  and alpha(t - d_i, u - 1) + label + dur_i (at those nodes),
-//   beta(t, u)  = logsumexp over i of beta(t + d_i, u) + blank + dur_i    (d_i >= 1, t + d_i < T_b)
-//                                  or blank + dur_i                       (t + d_i == T_b, u ==
-//                                  U_b) and beta(t + d_i, u + 1) + label + dur_i (u < U_b, t + d_i
-//                                  < T_b),
+// t + d == T_b at u == U_b. With d_i = durations[i] and dur_i its channel:
+//   alpha(0, 0) = 0; alpha(t, u) = logsumexp over i of
+//     alpha(t - d_i, u) + blank + dur_i (d_i >= 1) and alpha(t - d_i, u - 1) + label + dur_i,
+//     the channels read at the node the move starts from;
+//   beta(t, u) = logsumexp over i of
+//     beta(t + d_i, u) + blank + dur_i (d_i >= 1, t + d_i < T_b),
+//     blank + dur_i (d_i >= 1, t + d_i == T_b, u == U_b) and
+//     beta(t + d_i, u + 1) + label + dur_i (u < U_b, t + d_i < T_b);
 //   log P(y|x) = beta(0, 0).
 // d cost / d lattice is minus the posterior of the moves each channel scores: blank (all
 // durations), label (all durations), duration i (blank and label moves of duration d_i).
