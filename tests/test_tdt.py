@@ -151,11 +151,11 @@ def run_tdt(loss_fn, logits, labels, logit_lengths, label_lengths, upstream=None
         return costs, tape.gradient(total, logits)
 
     with tf.device(device):
-        args = [tf.cast(tf.constant(logits, tf.float32), dtype), tf.constant(labels),
+        args = [tf.cast(tf.constant(logits, tf.float64), dtype), tf.constant(labels),
                 tf.constant(logit_lengths), tf.constant(label_lengths),
-                tf.constant(upstream, tf.float32)]
+                tf.constant(upstream, tf.float64 if dtype == tf.float64 else tf.float32)]
         costs, grad = compile_for(step, graph_mode, args)(*args)
-    assert costs.dtype == tf.float32
+    assert costs.dtype == (tf.float64 if dtype == tf.float64 else tf.float32)
     assert grad.dtype == dtype
     return costs.numpy().astype(np.float64), tf.cast(grad, tf.float64).numpy()
 
@@ -175,19 +175,23 @@ def _feasible(logit_lengths, label_lengths, durations):
     return logit_lengths.astype(np.int32)
 
 
+@pytest.mark.parametrize("dtype,rtol", [(tf.float32, RTOL), (tf.float64, 1e-10)],
+                         ids=["float32", "float64"])
 @pytest.mark.parametrize("shape,durations,blank,sigma", REFERENCE_CASES)
-def test_reference_matches_oracle(shape, durations, blank, sigma):
+def test_reference_matches_oracle(shape, durations, blank, sigma, dtype, rtol):
+    # The reference computes in float64 for float64 logits: agreement to 1e-10 there.
     logits, labels, logit_lengths, label_lengths = _tdt_problem(10, shape, durations, blank)
     logit_lengths = _feasible(logit_lengths, label_lengths, durations)
-    logits = logits.astype(np.float32)
+    if dtype == tf.float32:
+        logits = logits.astype(np.float32)
     upstream = oracle.upstream_weights(shape[0])
     costs, grads = oracle.tdt_loss(logits, labels, logit_lengths, label_lengths, durations,
                                    blank, sigma, upstream=upstream)
     got_costs, got_grads = run_tdt(reference.tdt_loss, logits, labels, logit_lengths,
-                                   label_lengths, upstream, durations=durations, blank=blank,
-                                   sigma=sigma)
-    oracle.assert_close(got_costs, costs, RTOL)
-    oracle.assert_close(got_grads, grads, RTOL)
+                                   label_lengths, upstream, dtype=dtype, durations=durations,
+                                   blank=blank, sigma=sigma)
+    oracle.assert_close(got_costs, costs, rtol)
+    oracle.assert_close(got_grads, grads, rtol)
 
 
 @pytest.mark.parametrize("fastemit_lambda,clamp", [(0.5, -1.0), (0.0, 0.05), (0.3, 0.05)])
@@ -205,25 +209,27 @@ def test_reference_fastemit_and_clamp_match_oracle(fastemit_lambda, clamp):
     oracle.assert_close(got_grads, grads, RTOL)
 
 
-def test_reference_float64_lattice_matches_oracle_under_tf_function():
-    # Unknown shapes (input_signature of None dims), a float64 lattice input (computed in
-    # float32).
+def test_reference_float64_lattice_under_tf_function_with_fastemit_and_clamp():
+    # Unknown shapes (input_signature of None dims), a float64 lattice computed in float64.
     durations = [0, 1, 2, 3]
     logits, labels, logit_lengths, label_lengths = _tdt_problem(12, (2, 5, 2, 3), durations)
     lattice = oracle.tdt_lattice_from_logits(logits, labels, durations)
-    costs, grads = oracle.tdt_lattice_loss(lattice, logit_lengths, label_lengths, durations)
 
     @tf.function(input_signature=[tf.TensorSpec([None] * 4, tf.float64),
                                   tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32)])
     def step(lat, t_len, u_len):
         with tf.GradientTape() as tape:
             tape.watch(lat)
-            c = reference.tdt_lattice_loss(tf.cast(lat, tf.float32), t_len, u_len, durations)
+            c = reference.tdt_lattice_loss(lat, t_len, u_len, durations, fastemit_lambda=0.3,
+                                           clamp=0.2)
         return c, tape.gradient(c, lat)
 
+    costs, grads = oracle.tdt_lattice_loss(lattice, logit_lengths, label_lengths, durations,
+                                           0.3, 0.2)
     got_costs, got_grads = step(lattice, logit_lengths, label_lengths)
-    oracle.assert_close(got_costs.numpy(), costs, RTOL)
-    oracle.assert_close(got_grads.numpy(), grads, RTOL)
+    assert got_costs.dtype == tf.float64
+    oracle.assert_close(got_costs.numpy(), costs, 1e-10)
+    oracle.assert_close(got_grads.numpy(), grads, 1e-10)
 
 
 # ------------------------------------------------------------------------------ the compiled op

@@ -38,7 +38,11 @@ def lattice_from_logits(logits, labels, blank=0):
       `[B, T, U+1, 2]` float32: channel 0 is log P(blank), channel 1 log P(y_{u+1})
       (0 at u = U).
     """
-    logits = tf.cast(logits, tf.float32)
+    return _token_picks(tf.cast(logits, tf.float32), labels, blank)
+
+
+def _token_picks(logits, labels, blank):
+    """lattice_from_logits in the logits' dtype."""
     vocab_size = contract.static_dim(logits, -1) if logits.shape.rank else None
     if vocab_size is None:
         vocab_size = tf.shape(logits)[-1]
@@ -214,8 +218,14 @@ def flash_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths, lab
 # ------------------------------------------------------------------------------------------
 # TDT (Token-and-Duration Transducer, Xu et al. 2023).
 # ------------------------------------------------------------------------------------------
+def _tdt_dtype(x):
+    """The TDT reference computes in float64 for float64 inputs, else in float32."""
+    return tf.float64 if x.dtype == tf.float64 else tf.float32
+
+
 def tdt_lattice_from_logits(logits, labels, durations, blank=0, sigma=0.0):
-    """`[B, T, U+1, V + D]` logits -> `[B, T, U+1, 2 + D]` float32 TDT lattice.
+    """`[B, T, U+1, V + D]` logits -> `[B, T, U+1, 2 + D]` TDT lattice (float64 for float64
+    logits, else float32).
 
     Channels: log P(blank) - sigma and log P(y_{u+1}) - sigma from the log_softmax of the first
     `V` logits (the label channel is -sigma at u = U), then log P(durations[i]) from the
@@ -223,10 +233,11 @@ def tdt_lattice_from_logits(logits, labels, durations, blank=0, sigma=0.0):
     """
     durations = contract.check_durations(durations, _OWNER)
     sigma = contract.check_nonnegative_number(sigma, "sigma", _OWNER)
-    logits = tf.cast(logits, tf.float32)
+    logits = tf.convert_to_tensor(logits)
+    logits = tf.cast(logits, _tdt_dtype(logits))
     num_durations = len(durations)
     vocab_size = tf.shape(logits)[-1] - num_durations
-    token = lattice_from_logits(logits[..., :vocab_size], labels, blank) - sigma
+    token = _token_picks(logits[..., :vocab_size], labels, blank) - sigma
     return tf.concat([token, tf.nn.log_softmax(logits[..., vocab_size:], axis=-1)], axis=-1)
 
 
@@ -237,7 +248,7 @@ def _tdt_alpha_cost(lattice, logit_lengths, label_lengths, durations):
     node depends on earlier diagonals only. Each scan step takes the finished diagonal n and
     pushes its moves into a window of the next max(durations) + 1 diagonals' partial sums.
     """
-    lattice = tf.convert_to_tensor(lattice, tf.float32)
+    dtype = lattice.dtype
     shape = tf.shape(lattice)
     batch, max_t, max_u1 = shape[0], shape[1], shape[2]
     logit_lengths, label_lengths = _checked_lengths(logit_lengths, label_lengths, batch, max_t,
@@ -257,7 +268,7 @@ def _tdt_alpha_cost(lattice, logit_lengths, label_lengths, durations):
     skewed = tf.where(on_lattice[None, :, :, None], skewed, _LOG_ZERO)
     skewed = tf.transpose(skewed, [1, 0, 2, 3])  # [N, B, U+1, C]
     window = durations[-1] + 1
-    log_zero = tf.fill([batch, max_u1], tf.constant(_LOG_ZERO, tf.float32))
+    log_zero = tf.fill([batch, max_u1], tf.constant(_LOG_ZERO, dtype))
 
     def step(carry, inputs):
         partial, unused_alpha = carry  # partial: [window, B, U+1], diagonals n .. n + window - 1
@@ -277,8 +288,9 @@ def _tdt_alpha_cost(lattice, logit_lengths, label_lengths, durations):
             rows.append(tf.reduce_logsumexp(tf.stack(terms, 0), 0))
         return tf.stack(rows, 0), alpha
 
-    first = tf.concat([tf.zeros([batch, 1]), tf.fill([batch, max_u1 - 1], _LOG_ZERO)], 1)
-    partial0 = tf.concat([first[None], tf.fill([window - 1, batch, max_u1], _LOG_ZERO)], 0)
+    first = tf.concat([tf.zeros([batch, 1], dtype), log_zero[:, 1:]], 1)
+    partial0 = tf.concat([first[None], tf.fill([window - 1, batch, max_u1],
+                                                tf.constant(_LOG_ZERO, dtype))], 0)
     _, alphas = tf.scan(step, (skewed, on_lattice), initializer=(partial0, log_zero))
     # alphas: [N, B, U+1]. The last emission is a blank of duration d >= 1 from (T_b - d, U_b).
     batch_index = tf.range(batch)
@@ -302,12 +314,13 @@ def tdt_lattice_loss(lattice, logit_lengths, label_lengths, durations, fastemit_
     FastEmit scales d cost / d lattice's label channel by `1 + fastemit_lambda` (not the
     duration channels); clamp clips every channel of it to `[-clamp, clamp]`. The cost is
     unchanged by both. A sample without any alignment gets a cost of about 1e30 here (the
-    compiled op returns +inf).
+    compiled op returns +inf). Computes in float64 for a float64 lattice, else in float32.
     """
     durations = contract.check_durations(durations, _OWNER)
     fastemit_lambda = contract.check_fastemit_lambda(fastemit_lambda, _OWNER)
     clamp = contract.check_clamp(clamp, _OWNER)
-    lattice = tf.convert_to_tensor(lattice, tf.float32)
+    lattice = tf.convert_to_tensor(lattice)
+    lattice = tf.cast(lattice, _tdt_dtype(lattice))
 
     def cost(lat):
         return _tdt_alpha_cost(lat, logit_lengths, label_lengths, durations)
@@ -323,7 +336,8 @@ def tdt_lattice_loss(lattice, logit_lengths, label_lengths, durations, fastemit_
                 total = tf.reduce_sum(cost(lat))
             grad = tape.gradient(total, lat)
             grad = tf.where(tf.math.is_nan(grad), tf.zeros_like(grad), grad)
-            scale = tf.concat([[1.0, 1.0 + fastemit_lambda], tf.ones([len(durations)])], 0)
+            scale = tf.constant([1.0, 1.0 + fastemit_lambda] + [1.0] * len(durations),
+                                lat.dtype)
             grad = grad * scale
             if clamp > 0:
                 grad = tf.clip_by_value(grad, -clamp, clamp)
@@ -339,8 +353,8 @@ def tdt_loss(logits, labels, logit_lengths, label_lengths, durations, blank=0, s
     """Reference TDT loss on full logits (no `omega`: always the TDT loss).
 
     Args:
-      logits: `[B, T, U+1, V + D]` float32/float16/bfloat16 (computed in float32): `V` token
-        logits, then `D = len(durations)` duration logits.
+      logits: `[B, T, U+1, V + D]` float64 (computed in float64) or float32/float16/bfloat16
+        (computed in float32): `V` token logits, then `D = len(durations)` duration logits.
       labels: `[B, U]` int32/int64.
       logit_lengths: `[B]` int, valid frames per sample.
       label_lengths: `[B]` int, valid labels per sample.
@@ -351,7 +365,7 @@ def tdt_loss(logits, labels, logit_lengths, label_lengths, durations, blank=0, s
       clamp: clamp of d cost / d lattice; off when <= 0.
 
     Returns:
-      `[B]` float32 costs, -log P(y|x).
+      `[B]` costs, -log P(y|x): float64 for float64 logits, else float32.
     """
     lattice = tdt_lattice_from_logits(logits, labels, durations, blank, sigma)
     return tdt_lattice_loss(lattice, logit_lengths, label_lengths, durations, fastemit_lambda,
