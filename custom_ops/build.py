@@ -196,7 +196,8 @@ def build(out, jobs, tests=False):
         # The Hopper fused tile kernels use wgmma, which only sm_90a machine code has; without 90
         # in the list they compile empty and the mma.sync ones (joint_fused_sm80.cu) run there.
         sm90a = ["-DTF_RNNT_FUSED_SM90A=1"] if "90" in archs else []
-        for f in ("lattice_cuda.cu", "joint_cuda.cu", "joint_fused.cu", "joint_fused_sm80.cu"):
+        for f in ("lattice_cuda.cu", "joint_cuda.cu", "joint_fused.cu", "joint_fused_sm80.cu",
+                  "tdt_lattice_cuda.cu"):
             add(os.path.join(SRC, "core", f), lambda s, o: [
                 nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
                 *include, *gencode, *sm90a, "-c", s, "-o", o])
@@ -211,13 +212,14 @@ def build(out, jobs, tests=False):
         for f in ("cublas_loader.cc", "upload_cuda.cc"):
             add(os.path.join(SRC, "core", f),
                 lambda s, o: [cxx, *base, cuda_include, "-c", s, "-o", o])
-    core_files = ["lattice_cpu.cc", "joint_cpu.cc"] + ([] if nvcc else ["cuda_unavailable.cc"])
+    core_files = ["lattice_cpu.cc", "joint_cpu.cc", "tdt_lattice_cpu.cc"]
+    core_files += [] if nvcc else ["cuda_unavailable.cc"]
     for f in core_files:
         add(os.path.join(SRC, "core", f), lambda s, o: [cxx, *core_flags, "-c", s, "-o", o])
     if tests:
         return build_core_test(add, objects, jobs_list, jobs, cxx, core_flags, cuda_defs,
                                nvcc and cuda_home, include)
-    for f in ("ops.cc", "kernels.cc"):
+    for f in ("ops.cc", "kernels.cc", "tdt_ops.cc"):
         add(
             os.path.join(SRC, "tf", f),
             lambda s, o: [cxx, *glue_flags, *cuda_defs, "-c", s, "-o", o],
@@ -227,8 +229,9 @@ def build(out, jobs, tests=False):
     if with_xla:
         xla_include = ["-I" + os.path.join(tf_include, "external", "highwayhash"),
                        "-I" + os.path.join(SRC, "include", "xla_compat")]
-        add(os.path.join(SRC, "tf", "xla_ops.cc"),
-            lambda s, o: [cxx, *glue_flags, *xla_include, *cuda_defs, "-c", s, "-o", o])
+        for f in ("xla_ops.cc", "tdt_xla.cc"):
+            add(os.path.join(SRC, "tf", f),
+                lambda s, o: [cxx, *glue_flags, *xla_include, *cuda_defs, "-c", s, "-o", o])
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         for future in [pool.submit(run, cmd) for cmd in jobs_list]:

@@ -307,3 +307,183 @@ def assert_close(actual, expected, rtol=1e-5, err_msg=""):
     assert actual.shape == expected.shape, (actual.shape, expected.shape, err_msg)
     scale = float(np.max(np.abs(expected))) if expected.size else 0.0
     np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol * scale, err_msg=err_msg)
+
+
+# ----------------------------------------------------------------------------- TDT
+
+# Token-and-Duration Transducer (Xu et al. 2023, arXiv 2304.06795), NeMo's convention: a TDT
+# lattice is [B, T, U+1, 2 + D]: channel 0 log P(blank | t, u) - sigma, channel 1
+# log P(y_{u+1} | t, u) - sigma, channel 2 + i log P(durations[i] | t, u). From (t, u) a blank
+# with duration d >= 1 moves to (t + d, u), label y_{u+1} with duration d >= 0 to (t + d, u + 1);
+# intermediate nodes need t + d < T_b, and the last emission is a blank landing on t + d == T_b
+# at u == U_b.
+
+
+def tdt_lattice_from_logits(logits, labels, durations, blank=0, sigma=0.0):
+    """[B, T, U+1, V + D] logits -> [B, T, U+1, 2 + D] float64 TDT lattice."""
+    logits = np.asarray(logits, np.float64)
+    num_durations = len(durations)
+    vocab = logits.shape[-1] - num_durations
+    token = lattice_from_logits(logits[..., :vocab], labels, blank) - sigma
+    return np.concatenate([token, log_softmax(logits[..., vocab:])], axis=-1)
+
+
+def tdt_alpha_beta(lattice_b, num_frames, num_labels, durations):
+    """TDT forward/backward variables of one sample, by explicit loops over its nodes.
+
+    alpha[t, u]: log-prob of reaching (t, u) having emitted y_1..y_u.
+    beta[t, u]: log-prob of finishing from (t, u), the final blank included.
+    Returns alpha, beta and log P(y|x) from the forward direction.
+    """
+    blank, label = lattice_b[..., 0], lattice_b[..., 1]
+    dur = lattice_b[..., 2:]
+    alpha = np.full((num_frames, num_labels + 1), -np.inf)
+    alpha[0, 0] = 0.0
+    for t in range(num_frames):
+        for u in range(num_labels + 1):
+            if t == 0 and u == 0:
+                continue
+            terms = [-np.inf]
+            for i, d in enumerate(durations):
+                if t - d < 0:
+                    continue
+                if d >= 1:
+                    terms.append(alpha[t - d, u] + blank[t - d, u] + dur[t - d, u, i])
+                if u >= 1:
+                    terms.append(alpha[t - d, u - 1] + label[t - d, u - 1] + dur[t - d, u - 1, i])
+            alpha[t, u] = np.logaddexp.reduce(terms)
+    final = [-np.inf]
+    for i, d in enumerate(durations):
+        t = num_frames - d
+        if d >= 1 and t >= 0:
+            final.append(alpha[t, num_labels] + blank[t, num_labels] + dur[t, num_labels, i])
+    log_p = np.logaddexp.reduce(final)
+    beta = np.full((num_frames, num_labels + 1), -np.inf)
+    for t in reversed(range(num_frames)):
+        for u in reversed(range(num_labels + 1)):
+            terms = [-np.inf]
+            for i, d in enumerate(durations):
+                if d >= 1 and t + d < num_frames:
+                    terms.append(beta[t + d, u] + blank[t, u] + dur[t, u, i])
+                if d >= 1 and t + d == num_frames and u == num_labels:
+                    terms.append(blank[t, u] + dur[t, u, i])
+                if u < num_labels and t + d < num_frames:
+                    terms.append(beta[t + d, u + 1] + label[t, u] + dur[t, u, i])
+            beta[t, u] = np.logaddexp.reduce(terms)
+    return alpha, beta, log_p
+
+
+def tdt_lattice_loss(lattice, logit_lengths, label_lengths, durations, fastemit_lambda=0.0,
+                     clamp=-1.0, upstream=None):
+    """TDT costs [B] and d (sum_b upstream[b] * cost_b) / d lattice [B, T, U+1, 2 + D], float64.
+
+    The gradient comes from the move posteriors exp(alpha + move score + beta(target) - log P):
+    a blank or label channel gets minus the posterior of its moves (all durations), duration
+    channel i minus the posterior of the moves with durations[i]. FastEmit scales the label
+    channel by (1 + fastemit_lambda) (the duration channels are not scaled, as in NeMo); then,
+    when clamp > 0, every channel is clipped to [-clamp, clamp]; the upstream gradient
+    multiplies last. A sample without any alignment costs +inf with a zero gradient.
+    """
+    lattice = np.asarray(lattice, np.float64)
+    durations = [int(d) for d in durations]
+    batch = lattice.shape[0]
+    costs = np.zeros(batch)
+    grad = np.zeros_like(lattice)
+    upstream = np.ones(batch) if upstream is None else np.asarray(upstream, np.float64)
+    for b in range(batch):
+        num_frames, num_labels = int(logit_lengths[b]), int(label_lengths[b])
+        lat = lattice[b, :num_frames, :num_labels + 1]
+        alpha, beta, log_p = tdt_alpha_beta(lat, num_frames, num_labels, durations)
+        costs[b] = -log_p
+        if not np.isfinite(log_p):
+            continue
+        # Both directions must agree: a built-in self-check of the oracle.
+        assert np.isclose(beta[0, 0], log_p, rtol=1e-9, atol=1e-9), (beta[0, 0], log_p)
+        g = np.zeros_like(lat)
+        for t in range(num_frames):
+            for u in range(num_labels + 1):
+                for i, d in enumerate(durations):
+                    dur = lat[t, u, 2 + i]
+                    p_blank = 0.0
+                    if d >= 1 and t + d < num_frames:
+                        p_blank = np.exp(alpha[t, u] + lat[t, u, 0] + dur + beta[t + d, u] - log_p)
+                    elif d >= 1 and t + d == num_frames and u == num_labels:
+                        p_blank = np.exp(alpha[t, u] + lat[t, u, 0] + dur - log_p)
+                    p_label = 0.0
+                    if u < num_labels and t + d < num_frames:
+                        p_label = np.exp(alpha[t, u] + lat[t, u, 1] + dur + beta[t + d, u + 1]
+                                         - log_p)
+                    g[t, u, 0] -= p_blank
+                    g[t, u, 1] -= (1.0 + fastemit_lambda) * p_label
+                    g[t, u, 2 + i] -= p_blank + p_label
+        if clamp > 0:
+            g = np.clip(g, -clamp, clamp)
+        grad[b, :num_frames, :num_labels + 1] = g * upstream[b]
+    return costs, grad
+
+
+def tdt_logits_grad_from_lattice_grad(logits, labels, lattice_grad, durations, blank=0):
+    """Chain rule from d TDT lattice to d logits: the token log-softmax picks over the first V
+    logits, the duration log-softmax over the last D."""
+    logits = np.asarray(logits, np.float64)
+    lattice_grad = np.asarray(lattice_grad, np.float64)
+    vocab = logits.shape[-1] - len(durations)
+    d_token = logits_grad_from_lattice_grad(logits[..., :vocab], labels, lattice_grad[..., :2],
+                                            blank)
+    g_dur = lattice_grad[..., 2:]
+    probs = np.exp(log_softmax(logits[..., vocab:]))
+    d_dur = g_dur - probs * np.sum(g_dur, axis=-1, keepdims=True)
+    return np.concatenate([d_token, d_dur], axis=-1)
+
+
+def tdt_loss(logits, labels, logit_lengths, label_lengths, durations, blank=0, sigma=0.0,
+             fastemit_lambda=0.0, clamp=-1.0, upstream=None):
+    """TDT costs [B] and d (sum_b upstream[b] * cost_b) / d logits [B, T, U+1, V + D]."""
+    lattice = tdt_lattice_from_logits(logits, labels, durations, blank, sigma)
+    costs, lattice_grad = tdt_lattice_loss(lattice, logit_lengths, label_lengths, durations,
+                                           fastemit_lambda, clamp, upstream)
+    return costs, tdt_logits_grad_from_lattice_grad(logits, labels, lattice_grad, durations,
+                                                    blank)
+
+
+def tdt_brute_force_costs(logits, labels, logit_lengths, label_lengths, durations, blank=0,
+                          sigma=0.0):
+    """TDT costs [B] by enumerating every alignment (tiny cases only).
+
+    Works from probabilities of the logits directly (no lattice, no alpha/beta): each
+    alignment is a sequence of (symbol, duration) emissions; its probability is the product of
+    P(symbol | t, u) * exp(-sigma) * P(duration | t, u) over its emissions.
+    """
+    logits = np.asarray(logits, np.float64)
+    vocab = logits.shape[-1] - len(durations)
+    blank = normalize_blank(blank, vocab)
+    token_p = np.exp(log_softmax(logits[..., :vocab]))
+    dur_p = np.exp(log_softmax(logits[..., vocab:]))
+    costs = np.zeros(logits.shape[0])
+    for b in range(logits.shape[0]):
+        num_frames, num_labels = int(logit_lengths[b]), int(label_lengths[b])
+        total = 0.0
+        # Depth-first over partial alignments: (t, u, probability so far).
+        stack = [(0, 0, 1.0)]
+        while stack:
+            t, u, p = stack.pop()
+            for i, d in enumerate(durations):
+                step = dur_p[b, t, u, i] * np.exp(-sigma)
+                if d >= 1:
+                    blank_p = p * token_p[b, t, u, blank] * step
+                    if t + d == num_frames and u == num_labels:
+                        total += blank_p
+                    elif t + d < num_frames:
+                        stack.append((t + d, u, blank_p))
+                if u < num_labels and t + d < num_frames:
+                    stack.append((t + d, u + 1, p * token_p[b, t, u, labels[b, u]] * step))
+        costs[b] = -np.log(total) if total > 0 else np.inf
+    return costs
+
+
+def random_tdt_problem(rng, batch, max_t, max_u, vocab, durations, blank=0, ragged=True):
+    """random_problem with [B, T, U+1, V + D] logits (D = len(durations))."""
+    logits, labels, logit_lengths, label_lengths = random_problem(
+        rng, batch, max_t, max_u, vocab, blank, ragged)
+    dur_logits = rng.normal(0.0, 1.0, size=logits.shape[:3] + (len(durations),))
+    return np.concatenate([logits, dur_logits], -1), labels, logit_lengths, label_lengths

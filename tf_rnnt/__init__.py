@@ -4,6 +4,7 @@ Public API:
   lattice_loss, logits_to_lattice, rnnt_loss: the compiled RNN-T loss ops.
   joint_lattice, flash_rnnt_loss: the fused, tiled joint ("Flash RNN-T").
   samplewise_rnnt_loss: sample-wise RNN-T in pure TensorFlow.
+  tdt_loss, tdt_lattice_loss: the compiled TDT (Token-and-Duration Transducer) loss.
   reference: the pure-TensorFlow oracle (full logits, autodiff).
   keras: FlashRNNTLoss, RNNTLoss and the RNNTJoint layer.
   build_info, library_available: what the op library was built with; whether it loads.
@@ -22,11 +23,13 @@ _LAZY = {
     "joint_lattice": "tf_rnnt.ops",
     "flash_rnnt_loss": "tf_rnnt.ops",
     "samplewise_rnnt_loss": "tf_rnnt.samplewise",
+    "tdt_loss": "tf_rnnt.tdt",
+    "tdt_lattice_loss": "tf_rnnt.tdt",
     "SecondOrderGradientError": "tf_rnnt._contract",
     "build_info": "tf_rnnt._loader",
     "library_available": "tf_rnnt.ops",
 }
-_SUBMODULES = ("reference", "keras", "ops", "samplewise")
+_SUBMODULES = ("reference", "keras", "ops", "samplewise", "tdt")
 
 __all__ = sorted(_LAZY) + list(_SUBMODULES)
 

@@ -32,6 +32,8 @@ OP_INPUTS = {
                         "label_lengths"),
     "samplewise_rnnt_loss": ("encoder", "predictor", "kernel", "bias", "labels",
                              "logit_lengths", "label_lengths"),
+    "tdt_lattice_loss": ("lattice", "logit_lengths", "label_lengths"),
+    "tdt_loss": ("logits", "labels", "logit_lengths", "label_lengths"),
 }
 
 #: Rank of each input, by name: `lattice [B, T, U+1, 2]`, `logits [B, T, U+1, V]`,
@@ -44,6 +46,8 @@ INPUT_RANKS = {
 
 #: Floating dtypes the losses take (reduced in float32).
 FLOAT_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
+#: Most durations a TDT loss takes (the kernels keep them in a fixed-size argument).
+MAX_TDT_DURATIONS = 64
 #: Integer dtypes of labels and lengths; int64 values must fit in int32.
 INT_DTYPES = (tf.int32, tf.int64)
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
@@ -145,6 +149,52 @@ def check_clamp(value, owner, name="clamp"):
     if _is_bool(value) or not isinstance(value, numbers.Real) or math.isnan(value):
         raise ValueError(f"{owner}: {name} must be a number (<= 0 turns clamping off), "
                          f"got {value!r}")
+    return float(value)
+
+
+def check_durations(value, owner, name="durations"):
+    """TDT durations as a tuple of Python ints, else ValueError naming the argument.
+
+    They must be a non-empty sequence of ints (not bools) that are non-negative and strictly
+    increasing (so a 0 comes first), contain 1 (a blank always advances, and a sample must be
+    able to end on its last frame) and number at most `MAX_TDT_DURATIONS`.
+    """
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ValueError(f"{owner}: {name} must be a list of ints such as [0, 1, 2, 3, 4], "
+                         f"got {value!r}")
+    values = list(value)
+    if not values or any(_is_bool(d) or not isinstance(d, numbers.Integral) for d in values):
+        raise ValueError(f"{owner}: {name} must be a non-empty list of ints such as "
+                         f"[0, 1, 2, 3, 4], got {value!r}")
+    values = [int(d) for d in values]
+    if any(d < 0 for d in values):
+        raise ValueError(f"{owner}: {name} must be non-negative, got {values}")
+    if any(b <= a for a, b in zip(values, values[1:])):
+        raise ValueError(f"{owner}: {name} must be strictly increasing (a 0 comes first), "
+                         f"got {values}")
+    if 1 not in values:
+        raise ValueError(f"{owner}: {name} must contain 1, got {values}")
+    if len(values) > MAX_TDT_DURATIONS or values[-1] > INT32_MAX:
+        raise ValueError(f"{owner}: {name} must hold at most {MAX_TDT_DURATIONS} values in the "
+                         f"int32 range, got {values}")
+    return tuple(values)
+
+
+def check_nonnegative_number(value, name, owner):
+    """A finite Python float >= 0 from an int, float or NumPy number (not a bool), else
+    ValueError."""
+    if (_is_bool(value) or not isinstance(value, numbers.Real) or not math.isfinite(value)
+            or value < 0):
+        raise ValueError(f"{owner}: {name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def check_probability(value, name, owner):
+    """A Python float in [0, 1] from an int, float or NumPy number (not a bool), else
+    ValueError."""
+    if (_is_bool(value) or not isinstance(value, numbers.Real) or math.isnan(value)
+            or not 0 <= value <= 1):
+        raise ValueError(f"{owner}: {name} must be a number in [0, 1], got {value!r}")
     return float(value)
 
 

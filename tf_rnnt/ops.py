@@ -226,7 +226,7 @@ def _logits_to_lattice_grad(op, d_lattice, unused_d_lse):
     d_logits = _lib().tf_rnnt_logits_to_lattice_grad(
         op.inputs[0], op.inputs[1], op.outputs[1], d_lattice, blank=op.get_attr("blank"))
     d_logits, = contract.first_order_only([d_logits],
-                                          "tf_rnnt.logits_to_lattice (and rnnt_loss)")
+                                          "tf_rnnt.logits_to_lattice (and rnnt_loss, tdt_loss)")
     return [d_logits, None, None, None]
 
 

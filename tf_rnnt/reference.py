@@ -21,7 +21,7 @@ import tensorflow as tf
 from tf_rnnt import _contract as contract
 
 __all__ = ["rnnt_loss", "lattice_from_logits", "lattice_loss", "joint_logits", "joint_lattice",
-           "flash_rnnt_loss"]
+           "flash_rnnt_loss", "tdt_lattice_from_logits", "tdt_lattice_loss", "tdt_loss"]
 
 _OWNER = "tf_rnnt.reference"
 
@@ -38,7 +38,11 @@ def lattice_from_logits(logits, labels, blank=0):
       `[B, T, U+1, 2]` float32: channel 0 is log P(blank), channel 1 log P(y_{u+1})
       (0 at u = U).
     """
-    logits = tf.cast(logits, tf.float32)
+    return _token_picks(tf.cast(logits, tf.float32), labels, blank)
+
+
+def _token_picks(logits, labels, blank):
+    """lattice_from_logits in the logits' dtype."""
     vocab_size = contract.static_dim(logits, -1) if logits.shape.rank else None
     if vocab_size is None:
         vocab_size = tf.shape(logits)[-1]
@@ -209,3 +213,160 @@ def flash_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths, lab
     """Reference `tf_rnnt.flash_rnnt_loss`: full joint, full logits, autodiff."""
     logits = joint_logits(encoder, predictor, kernel, bias, activation)
     return rnnt_loss(logits, labels, logit_lengths, label_lengths, blank, fastemit_lambda, clamp)
+
+
+# ------------------------------------------------------------------------------------------
+# TDT (Token-and-Duration Transducer, Xu et al. 2023).
+# ------------------------------------------------------------------------------------------
+def _tdt_dtype(x):
+    """The TDT reference computes in float64 for float64 inputs, else in float32."""
+    return tf.float64 if x.dtype == tf.float64 else tf.float32
+
+
+def tdt_lattice_from_logits(logits, labels, durations, blank=0, sigma=0.0):
+    """`[B, T, U+1, V + D]` logits -> `[B, T, U+1, 2 + D]` TDT lattice (float64 for float64
+    logits, else float32).
+
+    Channels: log P(blank) - sigma and log P(y_{u+1}) - sigma from the log_softmax of the first
+    `V` logits (the label channel is -sigma at u = U), then log P(durations[i]) from the
+    log_softmax of the last `D = len(durations)` logits.
+    """
+    durations = contract.check_durations(durations, _OWNER)
+    sigma = contract.check_nonnegative_number(sigma, "sigma", _OWNER)
+    logits = tf.convert_to_tensor(logits)
+    logits = tf.cast(logits, _tdt_dtype(logits))
+    num_durations = len(durations)
+    vocab_size = tf.shape(logits)[-1] - num_durations
+    token = _token_picks(logits[..., :vocab_size], labels, blank) - sigma
+    return tf.concat([token, tf.nn.log_softmax(logits[..., vocab_size:], axis=-1)], axis=-1)
+
+
+def _tdt_alpha_cost(lattice, logit_lengths, label_lengths, durations):
+    """-log P(y|x) per sample of a TDT lattice by the alpha recursion over anti-diagonals.
+
+    A move of duration d from (t, u) lands d (blank) or d + 1 (label) diagonals later, so every
+    node depends on earlier diagonals only. Each scan step takes the finished diagonal n and
+    pushes its moves into a window of the next max(durations) + 1 diagonals' partial sums.
+    """
+    dtype = lattice.dtype
+    shape = tf.shape(lattice)
+    batch, max_t, max_u1 = shape[0], shape[1], shape[2]
+    logit_lengths, label_lengths = _checked_lengths(logit_lengths, label_lengths, batch, max_t,
+                                                    max_u1 - 1)
+    num_diagonals = max_t + max_u1 - 1
+    diag = tf.range(num_diagonals)[:, None]
+    u_index = tf.range(max_u1)[None, :]
+    t_index = diag - u_index
+    on_lattice = (t_index >= 0) & (t_index < max_t)
+    gather_index = tf.stack([tf.clip_by_value(t_index, 0, max_t - 1),
+                             tf.broadcast_to(u_index, tf.shape(t_index))], axis=-1)
+    skewed = tf.gather_nd(
+        lattice,
+        tf.broadcast_to(gather_index[None], [batch, num_diagonals, max_u1, 2]),
+        batch_dims=1,
+    )  # [B, N, U+1, C]
+    skewed = tf.where(on_lattice[None, :, :, None], skewed, _LOG_ZERO)
+    skewed = tf.transpose(skewed, [1, 0, 2, 3])  # [N, B, U+1, C]
+    window = durations[-1] + 1
+    log_zero = tf.fill([batch, max_u1], tf.constant(_LOG_ZERO, dtype))
+
+    def step(carry, inputs):
+        partial, unused_alpha = carry  # partial: [window, B, U+1], diagonals n .. n + window - 1
+        lattice_diag, on_diag = inputs
+        alpha = tf.where(on_diag[None, :], partial[0], _LOG_ZERO)
+        pushed = [[] for _ in range(window + 1)]
+        for i, d in enumerate(durations):
+            score = alpha + lattice_diag[..., 2 + i]
+            if d >= 1:
+                pushed[d].append(score + lattice_diag[..., 0])
+            label = score + lattice_diag[..., 1]
+            pushed[d + 1].append(tf.pad(label[:, :-1], [[0, 0], [1, 0]],
+                                        constant_values=_LOG_ZERO))
+        rows = []
+        for k in range(1, window + 1):
+            terms = pushed[k] + [partial[k] if k < window else log_zero]
+            rows.append(tf.reduce_logsumexp(tf.stack(terms, 0), 0))
+        return tf.stack(rows, 0), alpha
+
+    first = tf.concat([tf.zeros([batch, 1], dtype), log_zero[:, 1:]], 1)
+    partial0 = tf.concat([first[None], tf.fill([window - 1, batch, max_u1],
+                                                tf.constant(_LOG_ZERO, dtype))], 0)
+    _, alphas = tf.scan(step, (skewed, on_lattice), initializer=(partial0, log_zero))
+    # alphas: [N, B, U+1]. The last emission is a blank of duration d >= 1 from (T_b - d, U_b).
+    batch_index = tf.range(batch)
+    finals = []
+    for i, d in enumerate(durations):
+        if d < 1:
+            continue
+        t0 = logit_lengths - d
+        t_safe = tf.maximum(t0, 0)
+        alpha = tf.gather_nd(alphas, tf.stack([t_safe + label_lengths, batch_index,
+                                               label_lengths], 1))
+        node = tf.gather_nd(lattice, tf.stack([batch_index, t_safe, label_lengths], 1))
+        finals.append(tf.where(t0 >= 0, alpha + node[:, 0] + node[:, 2 + i], _LOG_ZERO))
+    return -tf.reduce_logsumexp(tf.stack(finals, 0), 0)
+
+
+def tdt_lattice_loss(lattice, logit_lengths, label_lengths, durations, fastemit_lambda=0.0,
+                     clamp=-1.0):
+    """Reference `tf_rnnt.tdt_lattice_loss`: costs `[B]` of a `[B, T, U+1, 2 + D]` TDT lattice.
+
+    FastEmit scales d cost / d lattice's label channel by `1 + fastemit_lambda` (not the
+    duration channels); clamp clips every channel of it to `[-clamp, clamp]`. The cost is
+    unchanged by both. A sample without any alignment gets a cost of about 1e30 here (the
+    compiled op returns +inf). Computes in float64 for a float64 lattice, else in float32.
+    """
+    durations = contract.check_durations(durations, _OWNER)
+    fastemit_lambda = contract.check_fastemit_lambda(fastemit_lambda, _OWNER)
+    clamp = contract.check_clamp(clamp, _OWNER)
+    lattice = tf.convert_to_tensor(lattice)
+    lattice = tf.cast(lattice, _tdt_dtype(lattice))
+
+    def cost(lat):
+        return _tdt_alpha_cost(lat, logit_lengths, label_lengths, durations)
+
+    if fastemit_lambda == 0.0 and clamp <= 0:
+        return cost(lattice)
+
+    @tf.custom_gradient
+    def cost_fn(lat):
+        def backward(upstream):
+            with tf.GradientTape() as tape:
+                tape.watch(lat)
+                total = tf.reduce_sum(cost(lat))
+            grad = tape.gradient(total, lat)
+            grad = tf.where(tf.math.is_nan(grad), tf.zeros_like(grad), grad)
+            scale = tf.constant([1.0, 1.0 + fastemit_lambda] + [1.0] * len(durations),
+                                lat.dtype)
+            grad = grad * scale
+            if clamp > 0:
+                grad = tf.clip_by_value(grad, -clamp, clamp)
+            return grad * tf.reshape(upstream, [-1, 1, 1, 1])
+
+        return cost(lat), backward
+
+    return cost_fn(lattice)
+
+
+def tdt_loss(logits, labels, logit_lengths, label_lengths, durations, blank=0, sigma=0.0,
+             fastemit_lambda=0.0, clamp=-1.0):
+    """Reference TDT loss on full logits (no `omega`: always the TDT loss).
+
+    Args:
+      logits: `[B, T, U+1, V + D]` float64 (computed in float64) or float32/float16/bfloat16
+        (computed in float32): `V` token logits, then `D = len(durations)` duration logits.
+      labels: `[B, U]` int32/int64.
+      logit_lengths: `[B]` int, valid frames per sample.
+      label_lengths: `[B]` int, valid labels per sample.
+      durations: strictly increasing non-negative ints containing 1, e.g. `[0, 1, 2, 3, 4]`.
+      blank: blank index in `[-V, V)`; negative counts from the end of the `V` token logits.
+      sigma: logit under-normalization, subtracted from every token log-probability.
+      fastemit_lambda: FastEmit weight (label channel of d cost / d lattice).
+      clamp: clamp of d cost / d lattice; off when <= 0.
+
+    Returns:
+      `[B]` costs, -log P(y|x): float64 for float64 logits, else float32.
+    """
+    lattice = tdt_lattice_from_logits(logits, labels, durations, blank, sigma)
+    return tdt_lattice_loss(lattice, logit_lengths, label_lengths, durations, fastemit_lambda,
+                            clamp)
