@@ -149,20 +149,13 @@ struct JointBuffers {
   }
 };
 
+// The fused kernels' view of the tile [n0, n0 + rows).
 template <typename T>
 fused::Tile fused_tile(const JointInputs& in, const JointBuffers<T>& buf, int64_t n0,
                        int64_t rows) {
-  fused::Tile t;
-  t.encoder = in.encoder;
-  t.predictor = in.predictor;
-  t.prepared_kernel = buf.fused_kernel;
-  t.prepared_bias = buf.fused_bias;
-  t.labels = in.labels;
-  t.offsets = buf.offsets;
-  t.label_lengths = in.label_lengths;
-  t.n0 = n0;
-  t.rows = rows;
-  return t;
+  return fused::Tile{in.encoder,       in.predictor, buf.fused_kernel,
+                     buf.fused_bias,   in.labels,    buf.offsets,
+                     in.label_lengths, n0,           rows};
 }
 
 }  // namespace
