@@ -235,7 +235,7 @@ ffi::Error lattice_loss_ffi(F32 lattice, I32 logit_lengths, I32 label_lengths,
   const auto d = lattice.dimensions();
   const int64_t B = d[0], T = d[1], U1 = d[2];
   std::vector<int32_t> storage;
-  const int32_t *logit, *label;
+  const int32_t *logit = nullptr, *label = nullptr;
   err = P::read_ints(ctx,
                      {{logit_lengths.typed_data(), static_cast<size_t>(B), &logit},
                       {label_lengths.typed_data(), static_cast<size_t>(B), &label}},
@@ -274,7 +274,7 @@ ffi::Error logits_to_lattice_ffi(ffi::AnyBuffer logits, I32 labels, I32 label_le
   }
   if (validate) {
     std::vector<int32_t> storage;
-    const int32_t *len, *lab;
+    const int32_t *len = nullptr, *lab = nullptr;
     err = P::read_ints(ctx,
                        {{label_lengths.typed_data(), static_cast<size_t>(B), &len},
                         {labels.typed_data(), static_cast<size_t>(B * (U1 - 1)), &lab}},
@@ -346,7 +346,7 @@ struct JointFfiPlan {
     }
     // The backward pass needs no labels on the host (the forward pass checked them).
     const size_t B = static_cast<size_t>(shape.B), U = static_cast<size_t>(shape.U1 - 1);
-    const int32_t *logit, *label, *labels = nullptr;
+    const int32_t *logit = nullptr, *label = nullptr, *labels = nullptr;
     err = backward ? P::read_ints(ctx,
                                   {{b.logit_lengths.typed_data(), B, &logit},
                                    {b.label_lengths.typed_data(), B, &label}},
