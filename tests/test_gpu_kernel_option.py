@@ -9,6 +9,7 @@ import numpy as np
 import oracle
 import pytest
 import tensorflow as tf
+
 import tf_rnnt
 
 GPU_KERNELS = ["auto", "fused", "cublas"]

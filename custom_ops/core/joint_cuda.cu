@@ -18,195 +18,298 @@
 // which replaces the first three steps above (and, for a vocabulary ending in a chunk of at most
 // 8 columns, sums those columns' d kernel and d bias on chip: the d kernel GEMM then covers whole
 // chunks).
-// Files: joint_cublas_kernels.cuh (the cuBLAS path's kernels), joint_workspace.cuh (workspace and
-// tile plan) and this one (the passes and the launchers).
+// A call runs one of three paths (with_path), each owning its forward and its backward steps:
+// CublasRecompute, FusedRecompute and Untiled (kept values). Files: joint_cublas_kernels.cuh
+// (the cuBLAS path's kernels), joint_workspace.cuh (workspace and tile plan) and this one.
 #include "joint_workspace.cuh"
 
 namespace tf_rnnt {
 
 namespace {
 
-// L: the logits' dtype (T in tiled mode, float32 when untiled mode keeps them).
+// What every step of a pass reads: the call's sizes and options, its buffers, the cuBLAS handle
+// and the stream.
+template <typename T>
+struct Pass {
+  const JointShape& s;
+  const JointOptions& o;
+  const JointInputs& in;
+  const JointBuffers<T>& buf;
+  cublasHandle_t handle;
+  cudaStream_t stream;
+  int H, V, Hz, Hk, Vp;
+
+  Pass(const JointShape& s_, const JointOptions& o_, const JointInputs& in_,
+       const JointBuffers<T>& buf_, cublasHandle_t handle_, cudaStream_t stream_)
+      : s(s_),
+        o(o_),
+        in(in_),
+        buf(buf_),
+        handle(handle_),
+        stream(stream_),
+        H(s_.H),
+        V(s_.V),
+        Hz(hidden_width(s_)),
+        Hk(round_up_to_8(s_.H)),
+        Vp(buf_.Vp) {}
+
+  const T* encoder() const { return static_cast<const T*>(in.encoder); }
+  const T* predictor() const { return static_cast<const T*>(in.predictor); }
+  void node_offsets() const {
+    node_offsets_kernel<<<1, 1, 0, stream>>>(in.logit_lengths, in.label_lengths, s.B, buf.offsets);
+  }
+};
+
+// A backward tile's GEMM operands: z [rows, Hz] (z_ld 0) or z^T [Hz, z_ld], d logits [rows, Vp],
+// and where d hidden goes (over z).
+template <typename T>
+struct TileGrads {
+  const T* z = nullptr;
+  int z_ld = 0;
+  T* d_logits = nullptr;
+  T* d_hidden = nullptr;
+};
+
+// The cuBLAS path's forward over tiles of `tile` nodes: z, logits = z @ kernel (L: T, or float32
+// where untiled mode keeps them), the picks.
 template <typename T, typename L>
+Status cublas_forward(const Pass<T>& c, const JointForwardArgs& a, int64_t tile, T* z_buffer,
+                      L* logits_buffer) {
+  const HostPlan& host = c.in.host;
+  padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(c.Hk) * c.Vp, 256), 256, 0, c.stream>>>(
+      static_cast<const T*>(c.in.kernel), c.H, c.V, c.Hk, c.Vp, true, 0, c.buf.kernel_t);
+  padded_bias_kernel<T><<<blocks_for(c.Vp, 256), 256, 0, c.stream>>>(
+      static_cast<const T*>(c.in.bias), c.V, c.Vp, 0, c.buf.bias);
+  c.node_offsets();
+  for (int64_t n0 = 0; n0 < host.num_nodes; n0 += tile) {
+    const int64_t rows = std::min(tile, host.num_nodes - n0);
+    hidden_kernel<T><<<grid_warps(rows), 32 * kWarps, 0, c.stream>>>(
+        n0, rows, c.encoder(), c.predictor(), c.buf.offsets, c.in.label_lengths, c.s.B, c.s.T,
+        c.s.U1, c.H, c.Hz, c.o.activation, z_buffer);
+    RETURN_IF_ERROR(gemm_row_major(c.handle, false, true, static_cast<int>(rows), c.Vp, c.Hk,
+                                   z_buffer, cuda_type<T>(), c.Hz, c.buf.kernel_t, cuda_type<T>(),
+                                   c.Hk, 0.f, logits_buffer, cuda_type<L>(), c.Vp, c.o.allow_tf32));
+    picks_kernel<L><<<grid_warps(rows), 32 * kWarps, 0, c.stream>>>(
+        n0, rows, logits_buffer, c.buf.bias, c.in.labels, c.buf.offsets, c.in.label_lengths, c.s.B,
+        c.s.T, c.s.U1, c.Vp, c.o.blank, a.lattice, a.lse);
+    RETURN_IF_ERROR(last_launch_status());
+  }
+  return Status();
+}
+
+// The fused forward over every node in one launch (the kernels keep no tile buffer); with
+// z_out and logits_out, also keeping the joint values and the logits rounded to T.
+template <typename T>
+Status fused_forward(const Pass<T>& c, const JointForwardArgs& a, void* z_out, void* logits_out) {
+  c.node_offsets();
+  RETURN_IF_ERROR(fused::prepare(c.s, c.o, c.in.kernel, c.in.bias, c.buf.fused_kernel,
+                                 c.buf.fused_bias, c.stream));
+  return fused::forward(c.s, c.o, fused_tile(c.in, c.buf, 0, c.in.host.num_nodes), a.lattice, a.lse,
+                        c.stream, z_out, c.Hz, logits_out, c.Vp);
+}
+
+// The three ways a call runs the joint, one chosen per call (with_path). Each owns its forward
+// and the backward's own steps: prepare (before the shared padding), the step between tiles,
+// the tile's GEMM operands, the vocabulary's tail columns summed on chip and their d kernel.
+
+// Tiled, the cuBLAS path: the backward recomputes each tile (activation checkpointing).
+template <typename T>
+struct CublasRecompute {
+  bool fused_layout() const { return false; }  // logits in column order
+  Status forward(const Pass<T>& c, const JointForwardArgs& a) const {
+    return cublas_forward<T, T>(c, a, c.in.host.tile_nodes, c.buf.tile_z, c.buf.tile_logits);
+  }
+  int64_t backward_tile(const Pass<T>& c) const { return c.in.host.tile_nodes; }
+  int tail(const Pass<T>&) const { return 0; }
+  Status prepare(const Pass<T>& c, int64_t /*tail_floats*/) const {
+    padded_kernel_kernel<T>
+        <<<blocks_for(static_cast<int64_t>(c.Hk) * c.Vp, 256), 256, 0, c.stream>>>(
+            static_cast<const T*>(c.in.kernel), c.H, c.V, c.Hk, c.Vp, true, 0, c.buf.kernel_t);
+    return Status();
+  }
+  // z transposed, the logits by cuBLAS, d logits over them.
+  Status tile_grads(const Pass<T>& c, const JointBackwardArgs& a, int64_t n0, int64_t rows,
+                    TileGrads<T>* g) const {
+    // The GEMMs that run along the nodes take z_ld of them, a multiple of 8 (an unaligned count
+    // sends cuBLAS to far slower kernels); the padding nodes' z and logits are zero.
+    const int z_ld = round_up_to_8(static_cast<int>(rows));
+    if constexpr (sizeof(T) == sizeof(float)) {
+      hidden_t_shared_kernel<T>
+          <<<static_cast<unsigned>((z_ld + kTransposeTile - 1) / kTransposeTile),
+             dim3(kTransposeTile, kTransposeRows), 0, c.stream>>>(
+              n0, rows, c.encoder(), c.predictor(), c.buf.offsets, c.in.label_lengths, c.s.B, c.s.T,
+              c.s.U1, c.H, c.Hz, c.o.activation, z_ld, c.buf.tile_z);
+    } else {
+      hidden_t_kernel<T>
+          <<<static_cast<unsigned>((z_ld + kTransposeThreads - 1) / kTransposeThreads),
+             kTransposeThreads, 0, c.stream>>>(n0, rows, c.encoder(), c.predictor(), c.buf.offsets,
+                                               c.in.label_lengths, c.s.B, c.s.T, c.s.U1, c.H, c.Hz,
+                                               c.o.activation, z_ld, c.buf.tile_z);
+    }
+    T* logits = c.buf.tile_logits;
+    RETURN_IF_ERROR(gemm_row_major(c.handle, true, true, z_ld, c.Vp, c.Hk, c.buf.tile_z,
+                                   cuda_type<T>(), z_ld, c.buf.kernel_t, cuda_type<T>(), c.Hk, 0.f,
+                                   logits, cuda_type<T>(), c.Vp, c.o.allow_tf32));
+    logit_grads_kernel<T, T><<<grid_warps(rows), 32 * kWarps, 0, c.stream>>>(
+        n0, rows, logits, c.buf.bias, c.in.labels, c.buf.offsets, c.in.label_lengths, c.s.B, c.s.T,
+        c.s.U1, c.V, c.Vp, 0, c.o.blank, a.lse, a.d_lattice, logits);
+    *g = TileGrads<T>{c.buf.tile_z, z_ld, logits, c.buf.tile_z};
+    return Status();
+  }
+};
+
+// Tiled, the fused kernels: the forward over every node, per backward tile the recompute of z
+// and d logits (the logits stay on chip), whole waves of it a tile.
+template <typename T>
+struct FusedRecompute {
+  bool fused_layout() const { return true; }  // the fused kernels' column order
+  Status forward(const Pass<T>& c, const JointForwardArgs& a) const {
+    return fused_forward(c, a, nullptr, nullptr);
+  }
+  // The buffers hold host.tile_nodes; the recompute steps by whole waves.
+  int64_t backward_tile(const Pass<T>& c) const {
+    return fused::wave_tile(c.s, c.o, c.in.host.tile_nodes);
+  }
+  // Vocabulary columns the recompute sums on chip, past the d kernel GEMM's.
+  int tail(const Pass<T>& c) const { return fused::tail_columns(c.s); }
+  Status prepare(const Pass<T>& c, int64_t tail_floats) const {
+    RETURN_IF_ERROR(fused::prepare(c.s, c.o, c.in.kernel, c.in.bias, c.buf.fused_kernel,
+                                   c.buf.fused_bias, c.stream));
+    if (tail_floats > 0) {
+      RETURN_IF_ERROR(
+          cuda_status(cudaMemsetAsync(c.buf.tail_sums, 0, sizeof(float) * tail_floats, c.stream)));
+    }
+    // The d logits columns past the recompute's, which the d hidden GEMM sums over: zeros.
+    const int written = logits_width(c.s);
+    if (c.Vp > written) {
+      RETURN_IF_ERROR(cuda_status(cudaMemset2DAsync(
+          c.buf.tile_logits + written, sizeof(T) * c.Vp, 0, sizeof(T) * (c.Vp - written),
+          static_cast<size_t>((c.in.host.tile_nodes + 7) / 8 * 8), c.stream)));
+    }
+    return Status();
+  }
+  Status tile_grads(const Pass<T>& c, const JointBackwardArgs& a, int64_t n0, int64_t rows,
+                    TileGrads<T>* g) const {
+    RETURN_IF_ERROR(fused::recompute(c.s, c.o, fused_tile(c.in, c.buf, n0, rows), a.lse,
+                                     a.d_lattice, c.buf.tile_z, c.Hz, c.buf.tile_logits, c.Vp,
+                                     c.buf.tail_sums, c.stream));
+    *g = TileGrads<T>{c.buf.tile_z, 0, c.buf.tile_logits, c.buf.tile_z};
+    return Status();
+  }
+};
+
+// Untiled: the forward keeps the joint values and the logits (the fused forward where it
+// applies, in T and its column order; else the cuBLAS path, float32), the backward turns them
+// into d logits in one tile of every node.
+template <typename T>
+struct Untiled {
+  bool on_chip;  // the fused forward kept them
+  bool fused_layout() const { return on_chip; }
+  Status forward(const Pass<T>& c, const JointForwardArgs& a) const {
+    if (on_chip) return fused_forward(c, a, a.saved_hidden, a.saved_logits);
+    return cublas_forward<T, float>(c, a, c.in.host.num_nodes, static_cast<T*>(a.saved_hidden),
+                                    a.saved_logits);
+  }
+  int64_t backward_tile(const Pass<T>& c) const { return c.in.host.num_nodes; }
+  int tail(const Pass<T>&) const { return 0; }
+  Status prepare(const Pass<T>&, int64_t) const { return Status(); }
+  Status tile_grads(const Pass<T>& c, const JointBackwardArgs& a, int64_t n0, int64_t rows,
+                    TileGrads<T>* g) const {
+    T* z = static_cast<T*>(a.saved_hidden);
+    if (on_chip) {  // d logits over the kept T logits
+      T* d_logits = reinterpret_cast<T*>(a.saved_logits);
+      logit_grads_kernel<T, T><<<grid_warps(rows), 32 * kWarps, 0, c.stream>>>(
+          n0, rows, d_logits, c.buf.bias, c.in.labels, c.buf.offsets, c.in.label_lengths, c.s.B,
+          c.s.T, c.s.U1, c.V, c.Vp, fused::permuted_columns(c.V), c.o.blank, a.lse, a.d_lattice,
+          d_logits);
+      *g = TileGrads<T>{z, 0, d_logits, z};
+      return Status();
+    }
+    // d logits over the float32 logits for float32 T, else in their own buffer.
+    T* d_logits =
+        sizeof(T) == sizeof(float) ? reinterpret_cast<T*>(a.saved_logits) : c.buf.d_logits;
+    logit_grads_kernel<float, T><<<grid_warps(rows), 32 * kWarps, 0, c.stream>>>(
+        n0, rows, a.saved_logits, c.buf.bias, c.in.labels, c.buf.offsets, c.in.label_lengths, c.s.B,
+        c.s.T, c.s.U1, c.V, c.Vp, 0, c.o.blank, a.lse, a.d_lattice, d_logits);
+    *g = TileGrads<T>{z, 0, d_logits, z};
+    return Status();
+  }
+};
+
+// fn(path) with the call's path: untiled mode keeps values, else the fused kernels where the
+// options and the device take them (use_fused), else the cuBLAS path.
+template <typename T, typename Fn>
+Status with_path(const JointShape& s, const JointOptions& o, bool untiled, Fn&& fn) {
+  bool on_chip = false;
+  RETURN_IF_ERROR(use_fused(s, o, &on_chip));
+  if (untiled) return fn(Untiled<T>{on_chip});
+  if (on_chip) return fn(FusedRecompute<T>{});
+  return fn(CublasRecompute<T>{});
+}
+
+template <typename T>
 Status forward(const JointShape& s, const JointOptions& o, const JointForwardArgs& a,
                cudaStream_t stream) {
-  const JointInputs& in = a.in;
-  const HostPlan& host = in.host;
-  const int H = s.H, V = s.V;
-  const int Hz = hidden_width(s), Hk = round_up_to_8(H);
+  const HostPlan& host = a.in.host;
   RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(
       a.lattice, 0, sizeof(float) * 2 * static_cast<size_t>(s.B) * s.T * s.U1, stream)));
   if (host.num_nodes == 0) return Status();
   cublasHandle_t handle;
   RETURN_IF_ERROR(cublas_handle_for(stream, &handle));
   const bool untiled = a.saved_logits != nullptr;
-  const int64_t tile = untiled ? host.num_nodes : host.tile_nodes;
-  const JointBuffers<T> buf(a.workspace, s, o, tile, false, untiled);
-  const int Vp = buf.Vp;
-  bool on_chip = false;
-  RETURN_IF_ERROR(use_fused(s, o, &on_chip));
-  if (on_chip) {  // every node in one launch: the kernels keep no tile buffer
-    node_offsets_kernel<<<1, 1, 0, stream>>>(in.logit_lengths, in.label_lengths, s.B, buf.offsets);
-    RETURN_IF_ERROR(
-        fused::prepare(s, o, in.kernel, in.bias, buf.fused_kernel, buf.fused_bias, stream));
-    // Untiled, the joint values and the rounded logits (T, not float32) are kept.
-    return fused::forward(s, o, fused_tile(in, buf, 0, host.num_nodes), a.lattice, a.lse, stream,
-                          a.saved_hidden, Hz, a.saved_logits, Vp);
-  }
-  padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
-      static_cast<const T*>(in.kernel), H, V, Hk, Vp, true, 0, buf.kernel_t);
-  padded_bias_kernel<T>
-      <<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(in.bias), V, Vp, 0, buf.bias);
-  node_offsets_kernel<<<1, 1, 0, stream>>>(in.logit_lengths, in.label_lengths, s.B, buf.offsets);
-  for (int64_t n0 = 0; n0 < host.num_nodes; n0 += tile) {
-    const int64_t rows = std::min(tile, host.num_nodes - n0);
-    T* z = untiled ? static_cast<T*>(a.saved_hidden) : buf.tile_z;
-    L* logits =
-        untiled ? reinterpret_cast<L*>(a.saved_logits) : reinterpret_cast<L*>(buf.tile_logits);
-    hidden_kernel<T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
-        n0, rows, static_cast<const T*>(in.encoder), static_cast<const T*>(in.predictor),
-        buf.offsets, in.label_lengths, s.B, s.T, s.U1, H, Hz, o.activation, z);
-    RETURN_IF_ERROR(gemm_row_major(handle, false, true, static_cast<int>(rows), Vp, Hk, z,
-                                   cuda_type<T>(), Hz, buf.kernel_t, cuda_type<T>(), Hk, 0.f,
-                                   logits, cuda_type<L>(), Vp, o.allow_tf32));
-    picks_kernel<L><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
-        n0, rows, logits, buf.bias, in.labels, buf.offsets, in.label_lengths, s.B, s.T, s.U1, Vp,
-        o.blank, a.lattice, a.lse);
-    RETURN_IF_ERROR(last_launch_status());
-  }
-  return Status();
+  const JointBuffers<T> buf(a.workspace, s, o, untiled ? host.num_nodes : host.tile_nodes, false,
+                            untiled);
+  const Pass<T> c(s, o, a.in, buf, handle, stream);
+  return with_path<T>(s, o, untiled, [&](const auto& path) { return path.forward(c, a); });
 }
 
-// The gradients into acc (zeroed here first).
-template <typename T, typename L>
-Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointBackwardArgs& a,
-                        const JointBuffers<T>& buf, const GradAccumulators& acc,
-                        cudaStream_t stream) {
-  const JointInputs& in = a.in;
-  const HostPlan& host = in.host;
-  const int H = s.H, V = s.V, Vp = buf.Vp;
-  const int Hz = hidden_width(s), Hk = round_up_to_8(H);
-  const GradSizes sizes(s);
-  RETURN_IF_ERROR(
-      cuda_status(cudaMemsetAsync(acc.d_encoder, 0, sizeof(float) * sizes.encoder, stream)));
-  RETURN_IF_ERROR(
-      cuda_status(cudaMemsetAsync(acc.d_predictor, 0, sizeof(float) * sizes.predictor, stream)));
-  RETURN_IF_ERROR(
-      cuda_status(cudaMemsetAsync(acc.d_kernel, 0, sizeof(float) * sizes.kernel, stream)));
-  RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(acc.d_bias, 0, sizeof(float) * sizes.bias, stream)));
-  if (host.num_nodes == 0) return Status();
-  cublasHandle_t handle;
-  RETURN_IF_ERROR(cublas_handle_for(stream, &handle));
-  const bool untiled = a.saved_logits != nullptr;
-  bool on_chip = false;
-  RETURN_IF_ERROR(use_fused(s, o, &on_chip));
-  const bool recompute_on_chip = on_chip && !untiled;  // the fused recompute runs the tiles
-  // The buffers hold host.tile_nodes; the fused path may step by fewer (whole waves).
-  const int64_t buffer_tile = untiled ? host.num_nodes : host.tile_nodes;
-  const int64_t tile = recompute_on_chip ? fused::wave_tile(s, o, buffer_tile) : buffer_tile;
-  const T* encoder = static_cast<const T*>(in.encoder);
-  const T* predictor = static_cast<const T*>(in.predictor);
-  // Vocabulary columns the fused recompute sums on chip, past the d kernel GEMM's V0.
-  const int tail = recompute_on_chip ? fused::tail_columns(s) : 0;
+// The backward's steps every path shares around its own (the Path above), into acc.
+template <typename T, typename Path>
+Status accumulate_grads(const Pass<T>& c, const Path& path, const JointBackwardArgs& a,
+                        const GradAccumulators& acc) {
+  const HostPlan& host = c.in.host;
+  const int H = c.H, V = c.V, Vp = c.Vp, Hz = c.Hz, Hk = c.Hk;
+  const cudaStream_t stream = c.stream;
+  const JointBuffers<T>& buf = c.buf;
+  const int64_t tile = path.backward_tile(c);
+  const int tail = path.tail(c);
   const int V0 = V - tail;
-  const int64_t tail_floats = tail > 0 ? fused::tail_sum_floats(s, tile) : 0;
-  if (recompute_on_chip) {
-    RETURN_IF_ERROR(
-        fused::prepare(s, o, in.kernel, in.bias, buf.fused_kernel, buf.fused_bias, stream));
-    if (tail > 0) {
-      RETURN_IF_ERROR(
-          cuda_status(cudaMemsetAsync(buf.tail_sums, 0, sizeof(float) * tail_floats, stream)));
-    }
-    // The d logits columns past the recompute's, which the d hidden GEMM sums over: zeros.
-    const int written = logits_width(s);
-    if (Vp > written) {
-      RETURN_IF_ERROR(cuda_status(cudaMemset2DAsync(
-          buf.tile_logits + written, sizeof(T) * Vp, 0, sizeof(T) * (Vp - written),
-          static_cast<size_t>((buffer_tile + 7) / 8 * 8), stream)));
-    }
-  }
+  const int64_t tail_floats = tail > 0 ? fused::tail_sum_floats(c.s, tile) : 0;
+  RETURN_IF_ERROR(path.prepare(c, tail_floats));
   // The fused kernels' logits and d logits columns, as they store them.
-  const int permuted = on_chip ? fused::permuted_columns(V) : 0;
+  const int permuted = path.fused_layout() ? fused::permuted_columns(V) : 0;
   padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
-      static_cast<const T*>(in.kernel), H, V, Hk, Vp, false, permuted, buf.kernel);
-  if (!untiled && !on_chip) {
-    padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
-        static_cast<const T*>(in.kernel), H, V, Hk, Vp, true, 0, buf.kernel_t);
-  }
-  padded_bias_kernel<T><<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(in.bias), V,
-                                                                 Vp, permuted, buf.bias);
-  node_offsets_kernel<<<1, 1, 0, stream>>>(in.logit_lengths, in.label_lengths, s.B, buf.offsets);
+      static_cast<const T*>(c.in.kernel), H, V, Hk, Vp, false, permuted, buf.kernel);
+  padded_bias_kernel<T><<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(c.in.bias),
+                                                                 V, Vp, permuted, buf.bias);
+  c.node_offsets();
   RETURN_IF_ERROR(cuda_status(
       cudaMemsetAsync(buf.d_kernel, 0, sizeof(float) * static_cast<size_t>(Hz) * Vp, stream)));
   const int h_threads = H >= 128 ? 128 : std::max(32, (H + 31) / 32 * 32);
   const int h_slices = (H + h_threads - 1) / h_threads;
   for (int64_t n0 = 0; n0 < host.num_nodes; n0 += tile) {
     const int64_t rows = std::min(tile, host.num_nodes - n0);
-    const T* z;
-    int z_ld = 0;  // z^T's row stride, or 0: z is [rows, Hz]
-    L* logits;
-    if (untiled) {
-      z = static_cast<const T*>(a.saved_hidden);
-      logits = reinterpret_cast<L*>(a.saved_logits);
-    } else if (recompute_on_chip) {  // z and d logits of the tile, the logits kept on chip
-      RETURN_IF_ERROR(fused::recompute(s, o, fused_tile(in, buf, n0, rows), a.lse, a.d_lattice,
-                                       buf.tile_z, Hz, buf.tile_logits, Vp, buf.tail_sums, stream));
-      logits = reinterpret_cast<L*>(buf.tile_logits);
-      z = buf.tile_z;
-    } else {  // recompute the tile (activation checkpointing), z transposed
-      // The GEMMs that run along the nodes take z_ld of them, a multiple of 8 (an unaligned count
-      // sends cuBLAS to far slower kernels); the padding nodes' z and logits are zero.
-      z_ld = round_up_to_8(static_cast<int>(rows));
-      if constexpr (sizeof(T) == sizeof(float)) {
-        hidden_t_shared_kernel<T>
-            <<<static_cast<unsigned>((z_ld + kTransposeTile - 1) / kTransposeTile),
-               dim3(kTransposeTile, kTransposeRows), 0, stream>>>(
-                n0, rows, encoder, predictor, buf.offsets, in.label_lengths, s.B, s.T, s.U1, H, Hz,
-                o.activation, z_ld, buf.tile_z);
-      } else {
-        hidden_t_kernel<T>
-            <<<static_cast<unsigned>((z_ld + kTransposeThreads - 1) / kTransposeThreads),
-               kTransposeThreads, 0, stream>>>(n0, rows, encoder, predictor, buf.offsets,
-                                               in.label_lengths, s.B, s.T, s.U1, H, Hz,
-                                               o.activation, z_ld, buf.tile_z);
-      }
-      logits = reinterpret_cast<L*>(buf.tile_logits);
-      RETURN_IF_ERROR(gemm_row_major(handle, true, true, z_ld, Vp, Hk, buf.tile_z, cuda_type<T>(),
-                                     z_ld, buf.kernel_t, cuda_type<T>(), Hk, 0.f, logits,
-                                     cuda_type<L>(), Vp, o.allow_tf32));
-      z = buf.tile_z;
-    }
-    // d logits over the logits when they share a dtype (the fused forward kept T logits).
-    T* d_logits = sizeof(L) == sizeof(T) || on_chip ? reinterpret_cast<T*>(logits) : buf.d_logits;
-    if (on_chip && untiled) {
-      logit_grads_kernel<T, T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
-          n0, rows, d_logits, buf.bias, in.labels, buf.offsets, in.label_lengths, s.B, s.T, s.U1, V,
-          Vp, permuted, o.blank, a.lse, a.d_lattice, d_logits);
-    } else if (!on_chip) {
-      logit_grads_kernel<L, T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
-          n0, rows, logits, buf.bias, in.labels, buf.offsets, in.label_lengths, s.B, s.T, s.U1, V,
-          Vp, 0, o.blank, a.lse, a.d_lattice, d_logits);
-    }
+    TileGrads<T> g;
+    RETURN_IF_ERROR(path.tile_grads(c, a, n0, rows, &g));
     // [d kernel; d bias] += [z, 1]^T @ d logits (ordered over tiles). In 16-bit dtypes cuBLAS
-    // runs whole chunks of 128 columns far faster than a few more (rnnt_h200_fused.md,
-    // rnnt_h100_untiled.md; not in TF32): after the fused recompute with a tail, the columns up to
-    // V0 (it sums the tail's itself); otherwise the whole chunks, then the rest in a second GEMM.
+    // runs whole chunks of 128 columns far faster than a few more (not in TF32): after the fused
+    // recompute with a tail, the columns up to V0 (it sums the tail's itself); otherwise the
+    // whole chunks, then the rest in a second GEMM.
     const int whole = fused::permuted_columns(V);
     const int split = sizeof(T) == 2 && tail == 0 && whole > 0 && whole < V ? whole : 0;
     const auto d_kernel_gemm = [&](int c0, int c1) {
-      return gemm_row_major(handle, z_ld == 0, false, Hz, c1 - c0,
-                            z_ld ? z_ld : static_cast<int>(rows), z, cuda_type<T>(),
-                            z_ld ? z_ld : Hz, d_logits + c0, cuda_type<T>(), Vp, 1.f,
-                            buf.d_kernel + c0, CUDA_R_32F, Vp, o.allow_tf32);
+      return gemm_row_major(c.handle, g.z_ld == 0, false, Hz, c1 - c0,
+                            g.z_ld ? g.z_ld : static_cast<int>(rows), g.z, cuda_type<T>(),
+                            g.z_ld ? g.z_ld : Hz, g.d_logits + c0, cuda_type<T>(), Vp, 1.f,
+                            buf.d_kernel + c0, CUDA_R_32F, Vp, c.o.allow_tf32);
     };
     RETURN_IF_ERROR(d_kernel_gemm(0, tail > 0 ? V0 : split > 0 ? split : Vp));
     if (split > 0) RETURN_IF_ERROR(d_kernel_gemm(split, Vp));
     // d hidden = d logits @ Kp^T, over z's buffer (z is not needed any more).
-    T* d_hidden = untiled ? static_cast<T*>(a.saved_hidden) : buf.tile_z;
-    RETURN_IF_ERROR(gemm_row_major(handle, false, true, static_cast<int>(rows), Hk, Vp, d_logits,
-                                   cuda_type<T>(), Vp, buf.kernel, cuda_type<T>(), Vp, 0.f,
-                                   d_hidden, cuda_type<T>(), Hz, o.allow_tf32));
-    const TilePlan tp = plan_tile(n0, rows, host, s.B);
+    RETURN_IF_ERROR(gemm_row_major(c.handle, false, true, static_cast<int>(rows), Hk, Vp,
+                                   g.d_logits, cuda_type<T>(), Vp, buf.kernel, cuda_type<T>(), Vp,
+                                   0.f, g.d_hidden, cuda_type<T>(), Hz, c.o.allow_tf32));
+    const TilePlan tp = plan_tile(n0, rows, host, c.s.B);
     // Two 16-bit columns per 4-byte access where H allows it.
     constexpr int kPair = sizeof(T) == 2 ? 2 : 1;
     const bool paired = kPair == 2 && H % 2 == 0;
@@ -215,11 +318,12 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
     auto hidden_grads = paired ? hidden_grads_kernel<T, kPair> : hidden_grads_kernel<T, 1>;
     if (H > 0) {  // H = 0: d encoder and d predictor are empty (and a zero grid is invalid)
       hidden_grads<<<grid, 32 * kGradWarps, 0, stream>>>(
-          n0, rows, tp.span, d_hidden, encoder, predictor, buf.offsets, in.logit_lengths,
-          in.label_lengths, s.T, s.U1, H, Hz, o.activation, acc.d_encoder, buf.partials);
+          n0, rows, tp.span, g.d_hidden, c.encoder(), c.predictor(), buf.offsets,
+          c.in.logit_lengths, c.in.label_lengths, c.s.T, c.s.U1, H, Hz, c.o.activation,
+          acc.d_encoder, buf.partials);
       predictor_grad_kernel<<<dim3(static_cast<unsigned>(tp.label_pairs), h_slices), h_threads, 0,
-                              stream>>>(tp.span, buf.partials, in.logit_lengths, in.label_lengths,
-                                        s.U1, H, acc.d_predictor);
+                              stream>>>(tp.span, buf.partials, c.in.logit_lengths,
+                                        c.in.label_lengths, c.s.U1, H, acc.d_predictor);
     }
     RETURN_IF_ERROR(last_launch_status());
   }
@@ -233,21 +337,31 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
   return last_launch_status();
 }
 
-template <typename T, typename L>
+template <typename T>
 Status backward(const JointShape& s, const JointOptions& o, const JointBackwardArgs& a,
                 cudaStream_t stream) {
+  const HostPlan& host = a.in.host;
   const bool untiled = a.saved_logits != nullptr;
-  const int64_t tile = untiled ? a.in.host.num_nodes : a.in.host.tile_nodes;
-  const JointBuffers<T> buf(a.workspace, s, o, tile, true, untiled);
+  const JointBuffers<T> buf(a.workspace, s, o, untiled ? host.num_nodes : host.tile_nodes, true,
+                            untiled);
   constexpr bool kFloat = std::is_same<T, float>::value;
   const GradAccumulators acc = kFloat ? GradAccumulators::of_outputs(a) : buf.acc;
-  RETURN_IF_ERROR((accumulate_grads<T, L>(s, o, a, buf, acc, stream)));
+  const GradSizes sizes(s);
+  float* const from[4] = {acc.d_encoder, acc.d_predictor, acc.d_kernel, acc.d_bias};
+  const int64_t count[4] = {sizes.encoder, sizes.predictor, sizes.kernel, sizes.bias};
+  for (int k = 0; k < 4; ++k) {  // zeroed, then accumulated
+    RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(from[k], 0, sizeof(float) * count[k], stream)));
+  }
+  if (host.num_nodes > 0) {
+    cublasHandle_t handle;
+    RETURN_IF_ERROR(cublas_handle_for(stream, &handle));
+    const Pass<T> c(s, o, a.in, buf, handle, stream);
+    RETURN_IF_ERROR(with_path<T>(
+        s, o, untiled, [&](const auto& path) { return accumulate_grads(c, path, a, acc); }));
+  }
   if (kFloat) return Status();
   // The gradients in T, from their float32 accumulators.
-  const GradSizes sizes(s);
-  const float* from[4] = {acc.d_encoder, acc.d_predictor, acc.d_kernel, acc.d_bias};
   void* to[4] = {a.d_encoder, a.d_predictor, a.d_kernel, a.d_bias};
-  const int64_t count[4] = {sizes.encoder, sizes.predictor, sizes.kernel, sizes.bias};
   for (int k = 0; k < 4; ++k) {
     if (count[k] == 0) continue;
     cast_kernel<T>
@@ -287,29 +401,25 @@ Status copy_cuda(void* dst, const void* src, size_t bytes, GpuStream stream) {
                                      static_cast<cudaStream_t>(stream)));
 }
 
-// pass(T(), L()) for the dtype T and the logits' type L (float32 where untiled mode keeps them).
-template <typename Args, typename Pass>
-Status dispatch_pass(const JointOptions& options, const Args& args, Pass&& pass) {
+// run(T()) for the dtype T.
+template <typename Run>
+Status dispatch_pass(const JointOptions& options, Run&& run) {
   Status status;
-  dispatch_dtype_cuda(options.dtype, [&](auto tag) {
-    status = args.saved_logits != nullptr ? pass(tag, float()) : pass(tag, tag);
-  });
+  dispatch_dtype_cuda(options.dtype, [&](auto tag) { status = run(tag); });
   return status;
 }
 
 Status joint_forward_cuda(const JointShape& shape, const JointOptions& options,
                           const JointForwardArgs& args, GpuStream stream) {
-  return dispatch_pass(options, args, [&](auto t, auto l) {
-    return forward<decltype(t), decltype(l)>(shape, options, args,
-                                             static_cast<cudaStream_t>(stream));
+  return dispatch_pass(options, [&](auto t) {
+    return forward<decltype(t)>(shape, options, args, static_cast<cudaStream_t>(stream));
   });
 }
 
 Status joint_backward_cuda(const JointShape& shape, const JointOptions& options,
                            const JointBackwardArgs& args, GpuStream stream) {
-  return dispatch_pass(options, args, [&](auto t, auto l) {
-    return backward<decltype(t), decltype(l)>(shape, options, args,
-                                              static_cast<cudaStream_t>(stream));
+  return dispatch_pass(options, [&](auto t) {
+    return backward<decltype(t)>(shape, options, args, static_cast<cudaStream_t>(stream));
   });
 }
 

@@ -78,7 +78,7 @@ bool fused_pass(const JointShape& s, const JointOptions& o) {
 
 // Width of a pass's logits rows (Vp): a multiple of 8 for aligned tensor-core GEMMs, of 64 where
 // the fused kernels write logits or d logits, which the d hidden GEMM sums over (cuBLAS runs
-// K = 1088 faster than K = 1032 for V = 1025; rnnt_h200_fused.md).
+// K = 1088 faster than K = 1032 for V = 1025; docs/design.md).
 int pass_logits_width(const JointShape& s, bool on_chip) {
   return on_chip ? (s.V + 63) / 64 * 64 : logits_width(s);
 }
