@@ -9,7 +9,7 @@
 The flash suite runs each profile with all lengths full (the headline: every lattice node is
 real work) and with ragged lengths (uniform in [T/2, T] and [U/2, U], about 56% of the nodes);
 --lengths picks one of them. --methods takes tiled, untiled, reference, and tiled-cublas /
-tiled-fused / tiled-fused-mma: the tiled op on one GPU kernel path (TF_RNNT_JOINT_KERNEL).
+tiled-fused: the tiled op on one GPU kernel path (its gpu_kernel option).
 
 Each case times forward + backward inside one tf.function: the median of --repeats runs after
 --warmup runs, each ending in a host read of the result. Peak memory is
@@ -236,12 +236,11 @@ def suite_flash(args, lines, results):
         for method in args.methods.split(","):
             if method == "reference" and prof == "long" and not args.long_reference:
                 continue
-            # "tiled-fused" / "tiled-cublas": the tiled op on one GPU kernel path
-            # (TF_RNNT_JOINT_KERNEL, read at each call of the op).
+            # "tiled-fused" / "tiled-cublas": the tiled op on one GPU kernel path.
             mode, _, kernel_path = method.partition("-")
-            os.environ["TF_RNNT_JOINT_KERNEL"] = kernel_path or "auto"
+            options = {} if mode == "reference" else dict(gpu_kernel=kernel_path or "auto")
             try:
-                step = joint_step(mode, inputs)
+                step = joint_step(mode, inputs, **options)
                 seconds, used = measure(step, args.warmup, args.repeats)
                 if args.trace:
                     record_trace(step, os.path.join(
@@ -253,8 +252,6 @@ def suite_flash(args, lines, results):
                 lines.append(f"| {prof} | {lengths} | {dt.name} | {method} | n/a: "
                              f"{e.message.splitlines()[0][:60]} | | | |")
                 continue
-            finally:
-                os.environ.pop("TF_RNNT_JOINT_KERNEL", None)
             if method == "reference":
                 ref = (seconds, used)
             rate = flops / seconds
@@ -328,7 +325,7 @@ def main():
     )
     parser.add_argument("--methods", default="tiled,untiled,reference",
                         help="flash suite: comma-separated subset of tiled,untiled,reference,"
-                        "tiled-cublas,tiled-fused,tiled-fused-mma")
+                        "tiled-cublas,tiled-fused")
     parser.add_argument(
         "--dtypes",
         default=None,

@@ -6,12 +6,13 @@
                                        # (and, with CUDA, build/tests/joint_timing)
 
 CPU kernels always; CUDA kernels too when nvcc is found (CUDA_HOME/bin or PATH), unless
-TF_RNNT_WITH_CUDA=0. XLA kernels (custom_ops/tf/xla_ops.cc) when this TensorFlow ships the XLA
-FFI headers and exports XLA_FFI_GetApi (TensorFlow 2.21: yes; 2.17: no), unless
-TF_RNNT_WITH_XLA=0. TF_RNNT_CUDA_ARCHS (default "80;86;89;90") lists the SM architectures;
-PTX for the newest is embedded too. cudart is linked statically (it then loads under both
-`tensorflow` and `tensorflow-cpu`); cuBLAS is not linked: the op uses the one TensorFlow loaded.
-Only the glue files (custom_ops/tf) see TensorFlow headers, to keep the build short.
+TF_RNNT_WITH_CUDA=0. XLA kernels (custom_ops/tf/xla_lowering.cc, xla_handlers.cc) when this
+TensorFlow ships the XLA FFI headers and exports XLA_FFI_GetApi (TensorFlow 2.21: yes; 2.17:
+no), unless TF_RNNT_WITH_XLA=0. TF_RNNT_CUDA_ARCHS (default "80;86;89;90") lists the SM
+architectures; PTX for the newest is embedded too. cudart is linked statically (it then loads
+under both `tensorflow` and `tensorflow-cpu`); cuBLAS is not linked: the op uses the one
+TensorFlow loaded. Only the glue files (custom_ops/tf) see TensorFlow headers, to keep the
+build short.
 
 Host code targets a portable CPU baseline (x86-64-v2 with AVX on x86_64: TensorFlow's own x86
 wheels need AVX); TF_RNNT_CPU_FLAGS replaces it, e.g. TF_RNNT_CPU_FLAGS="-march=native" for a
@@ -194,10 +195,9 @@ def build(out, jobs, tests=False):
             gencode += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
         gencode += ["-gencode", f"arch=compute_{archs[-1]},code=compute_{archs[-1]}"]
         # The Hopper fused tile kernels use wgmma, which only sm_90a machine code has; without 90
-        # in the list they compile empty and the mma.sync ones (joint_fused_sm80.cu) run there.
+        # in the list they compile empty and the cuBLAS path runs everywhere.
         sm90a = ["-DTF_RNNT_FUSED_SM90A=1"] if "90" in archs else []
-        for f in ("lattice_cuda.cu", "joint_cuda.cu", "joint_fused.cu", "joint_fused_sm80.cu",
-                  "tdt_lattice_cuda.cu"):
+        for f in ("lattice_cuda.cu", "joint_cuda.cu", "joint_fused.cu", "tdt_lattice_cuda.cu"):
             add(os.path.join(SRC, "core", f), lambda s, o: [
                 nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
                 *include, *gencode, *sm90a, "-c", s, "-o", o])
@@ -212,7 +212,7 @@ def build(out, jobs, tests=False):
         for f in ("cublas_loader.cc", "upload_cuda.cc"):
             add(os.path.join(SRC, "core", f),
                 lambda s, o: [cxx, *base, cuda_include, "-c", s, "-o", o])
-    core_files = ["lattice_cpu.cc", "joint_cpu.cc", "tdt_lattice_cpu.cc"]
+    core_files = ["lattice_cpu.cc", "joint_cpu.cc", "joint_plan.cc", "tdt_lattice_cpu.cc"]
     core_files += [] if nvcc else ["cuda_unavailable.cc"]
     for f in core_files:
         add(os.path.join(SRC, "core", f), lambda s, o: [cxx, *core_flags, "-c", s, "-o", o])
@@ -229,7 +229,7 @@ def build(out, jobs, tests=False):
     if with_xla:
         xla_include = ["-I" + os.path.join(tf_include, "external", "highwayhash"),
                        "-I" + os.path.join(SRC, "include", "xla_compat")]
-        for f in ("xla_ops.cc", "tdt_xla.cc"):
+        for f in ("xla_lowering.cc", "xla_handlers.cc", "tdt_xla.cc"):
             add(os.path.join(SRC, "tf", f),
                 lambda s, o: [cxx, *glue_flags, *xla_include, *cuda_defs, "-c", s, "-o", o])
 

@@ -69,6 +69,11 @@ ACTIVATION_NAMES = tuple(ACTIVATIONS)
 #: Modes of the fused joint: "tiled" recomputes each tile in the backward pass, "untiled"
 #: keeps the joint values and logits of all valid nodes.
 MODES = ("tiled", "untiled")
+#: GPU kernels of the fused joint (`gpu_kernel`): "auto" runs Hopper's fused tile kernels where
+#: they apply (float16/bfloat16, H a multiple of 8 up to 640, compute capability 9.0) and the
+#: cuBLAS path elsewhere; "fused" asks for the fused kernels (an error where they do not apply);
+#: "cublas" for the cuBLAS path. The CPU kernels accept every value and ignore it.
+GPU_KERNELS = ("auto", "fused", "cublas")
 
 # ------------------------------------------------------------------------------------------
 # Defaults.

@@ -261,19 +261,22 @@ def rnnt_loss(logits, labels, logit_lengths, label_lengths, blank=0, fastemit_la
     return _lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda, clamp, owner)
 
 
-def _joint_attrs(activation, mode, tile_size, memory_budget, blank, vocab_size, owner):
+def _joint_attrs(activation, mode, tile_size, memory_budget, gpu_kernel, blank, vocab_size,
+                 owner):
     contract.check_choice(activation, contract.ACTIVATION_NAMES, "activation", owner)
     contract.check_choice(mode, contract.MODES, "mode", owner)
+    contract.check_choice(gpu_kernel, contract.GPU_KERNELS, "gpu_kernel", owner)
     tile_size = contract.check_positive_int(tile_size, "tile_size", owner, "lattice nodes per tile")
     memory_budget = contract.check_positive_int(memory_budget, "memory_budget", owner, "bytes")
     return dict(blank=contract.check_blank(blank, owner, vocab_size), activation=activation,
                 untiled=mode == "untiled", tile_nodes=tile_size or 0,
-                memory_budget=memory_budget or 0,
+                memory_budget=memory_budget or 0, gpu_kernel=gpu_kernel,
                 allow_tf32=tf.config.experimental.tensor_float_32_execution_enabled())
 
 
 def joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths, blank=0,
-                  activation="tanh", mode="tiled", tile_size=None, memory_budget=None):
+                  activation="tanh", mode="tiled", tile_size=None, memory_budget=None,
+                  gpu_kernel="auto"):
     """Fused RNN-T joint: the lattice of `log_softmax(act(enc + pred) @ kernel + bias)`.
 
     Computes, for every valid node `(b, t, u)`, `log P(blank)` and `log P(labels[b, u])` of
@@ -319,6 +322,11 @@ def joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, label
       mode: "tiled" or "untiled".
       tile_size: lattice nodes per tile (tiled mode).
       memory_budget: bytes for one tile's workspace (tiled mode).
+      gpu_kernel: the joint's GPU kernels: "auto" (Hopper's fused tile kernels where they
+        apply: float16/bfloat16, H a multiple of 8 up to 640, compute capability 9.0; else
+        the cuBLAS path), "fused" (the fused kernels; InvalidArgumentError where they do not
+        apply) or "cublas" (element-wise kernels around cuBLAS GEMMs). The gradient uses the
+        same kernels. Accepted and ignored on the CPU.
 
     Returns:
       `[B, T, U+1, 2]` float32 lattice; 0 (with zero gradient) outside the valid nodes and in
@@ -329,17 +337,17 @@ def joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, label
       >>> costs = tf_rnnt.lattice_loss(lattice, t_len, u_len)
     """
     return _joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths,
-                          blank, activation, mode, tile_size, memory_budget,
+                          blank, activation, mode, tile_size, memory_budget, gpu_kernel,
                           "tf_rnnt.joint_lattice")
 
 
 def _joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths, blank,
-                   activation, mode, tile_size, memory_budget, owner):
+                   activation, mode, tile_size, memory_budget, gpu_kernel, owner):
     encoder, predictor, kernel, bias = (
         contract.float_tensor(x, name, owner) for name, x in
         (("encoder", encoder), ("predictor", predictor), ("kernel", kernel), ("bias", bias)))
     contract.check_vocabulary_size(contract.static_dim(kernel, 1), "kernel", owner)
-    attrs = _joint_attrs(activation, mode, tile_size, memory_budget, blank,
+    attrs = _joint_attrs(activation, mode, tile_size, memory_budget, gpu_kernel, blank,
                          contract.static_dim(kernel, 1), owner)
     for name, x in (("predictor", predictor), ("kernel", kernel), ("bias", bias)):
         if x.dtype != encoder.dtype:
@@ -362,7 +370,8 @@ def _joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, labe
     return lattice
 
 
-_JOINT_ATTR_NAMES = ("blank", "activation", "untiled", "tile_nodes", "memory_budget", "allow_tf32")
+_JOINT_ATTR_NAMES = ("blank", "activation", "untiled", "tile_nodes", "memory_budget", "allow_tf32",
+                     "gpu_kernel")
 
 
 @tf.RegisterGradient("TfRnntJointLattice")
@@ -372,8 +381,9 @@ def _joint_lattice_grad(op, d_lattice, unused_d_lse, unused_d_hidden, unused_d_l
     if d_lattice is None:
         d_lattice = tf.zeros_like(lattice)
     attrs = {name: op.get_attr(name) for name in _JOINT_ATTR_NAMES}
-    if isinstance(attrs["activation"], bytes):
-        attrs["activation"] = attrs["activation"].decode()
+    for name in ("activation", "gpu_kernel"):
+        if isinstance(attrs[name], bytes):
+            attrs[name] = attrs[name].decode()
     grads = _lib().tf_rnnt_joint_lattice_grad(
         inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], inputs[5], inputs[6], inputs[5],
         inputs[6], lse, d_lattice, saved_hidden, saved_logits, **attrs)
@@ -383,7 +393,7 @@ def _joint_lattice_grad(op, d_lattice, unused_d_lse, unused_d_hidden, unused_d_l
 
 def flash_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths, blank=0,
                     activation="tanh", mode="tiled", tile_size=None, memory_budget=None,
-                    fastemit_lambda=0.0, clamp=-1.0):
+                    fastemit_lambda=0.0, clamp=-1.0, gpu_kernel="auto"):
     """Flash RNN-T loss: `lattice_loss(joint_lattice(...))`, costs `[B]`.
 
     The joint, output layer and log-softmax run fused and tiled (see `joint_lattice`), so the
@@ -398,5 +408,5 @@ def flash_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths, lab
     clamp = contract.check_clamp(clamp, owner)
     lattice = _joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths,
                              label_lengths, blank, activation, mode, tile_size, memory_budget,
-                             owner)
+                             gpu_kernel, owner)
     return _lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda, clamp, owner)

@@ -18,918 +18,298 @@
 // which replaces the first three steps above (and, for a vocabulary ending in a chunk of at most
 // 8 columns, sums those columns' d kernel and d bias on chip: the d kernel GEMM then covers whole
 // chunks).
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <type_traits>
-
-#include "cublas_loader.h"
-#include "joint_fused.h"
-#include "joint_grads.h"
-#include "tf_rnnt/dtype_cuda.cuh"
-#include "tf_rnnt/node_math.h"
-#include "tf_rnnt/rnnt_core.h"
+// A call runs one of three paths (with_path), each owning its forward and its backward steps:
+// CublasRecompute, FusedRecompute and Untiled (kept values). Files: joint_cublas_kernels.cuh
+// (the cuBLAS path's kernels), joint_workspace.cuh (workspace and tile plan) and this one.
+#include "joint_workspace.cuh"
 
 namespace tf_rnnt {
 
 namespace {
 
-constexpr int kWarps = 8;  // warps per block in the per-node kernels
-
+// What every step of a pass reads: the call's sizes and options, its buffers, the cuBLAS handle
+// and the stream.
 template <typename T>
-cudaDataType_t cuda_type();
-template <>
-cudaDataType_t cuda_type<float>() {
-  return CUDA_R_32F;
-}
-template <>
-cudaDataType_t cuda_type<__half>() {
-  return CUDA_R_16F;
-}
-template <>
-cudaDataType_t cuda_type<__nv_bfloat16>() {
-  return CUDA_R_16BF;
-}
+struct Pass {
+  const JointShape& s;
+  const JointOptions& o;
+  const JointInputs& in;
+  const JointBuffers<T>& buf;
+  cublasHandle_t handle;
+  cudaStream_t stream;
+  int H, V, Hz, Hk, Vp;
 
-size_t align_up(size_t bytes) { return (bytes + 255) & ~size_t(255); }
+  Pass(const JointShape& s_, const JointOptions& o_, const JointInputs& in_,
+       const JointBuffers<T>& buf_, cublasHandle_t handle_, cudaStream_t stream_)
+      : s(s_),
+        o(o_),
+        in(in_),
+        buf(buf_),
+        handle(handle_),
+        stream(stream_),
+        H(s_.H),
+        V(s_.V),
+        Hz(hidden_width(s_)),
+        Hk(round_up_to_8(s_.H)),
+        Vp(buf_.Vp) {}
 
-// Row widths of the tile buffers and of the untiled mode's kept tensors: the joint values get a
-// ones column (through the d kernel GEMM it yields d bias), and both widths are padded to
-// multiples of 8 for aligned tensor-core GEMMs.
-int round_up_to_8(int n) { return (n + 7) / 8 * 8; }
-int hidden_width(const JointShape& s) { return round_up_to_8(s.H + 1); }
-int logits_width(const JointShape& s) { return round_up_to_8(s.V); }
-
-__global__ void node_offsets_kernel(const int32_t* logit_lengths, const int32_t* label_lengths,
-                                    int B, int64_t* offsets) {
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    offsets[0] = 0;
-    for (int b = 0; b < B; ++b) {
-      offsets[b + 1] = offsets[b] + static_cast<int64_t>(logit_lengths[b]) * (label_lengths[b] + 1);
-    }
+  const T* encoder() const { return static_cast<const T*>(in.encoder); }
+  const T* predictor() const { return static_cast<const T*>(in.predictor); }
+  void node_offsets() const {
+    node_offsets_kernel<<<1, 1, 0, stream>>>(in.logit_lengths, in.label_lengths, s.B, buf.offsets);
   }
-}
-
-// Kp [Hk, Vp] = [[kernel, 0], [0, 0]] (the zero padding keeps every GEMM operand 16-byte
-// aligned), or with `transposed` Kp^T [Vp, Hk] for the logits GEMM: both of its operands are
-// then K-major, the one layout Hopper's tensor cores take TF32 operands in, and cuBLAS runs it
-// faster in every dtype here (benchmarks/results/rnnt_h200_fused.md).
-// `permuted` > 0: its columns below `permuted` in the fused recompute's d logits order
-// (fused::stored_column).
-template <typename T>
-__global__ void padded_kernel_kernel(const T* __restrict__ kernel, int H, int V, int Hk, int Vp,
-                                     bool transposed, int permuted, T* __restrict__ out) {
-  const int64_t total = static_cast<int64_t>(Hk) * Vp;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int h = static_cast<int>(transposed ? i % Hk : i / Vp);
-    const int v = fused::stored_column(static_cast<int>(transposed ? i / Hk : i % Vp), permuted);
-    out[i] = (v < V && h < H) ? kernel[static_cast<int64_t>(h) * V + v] : from_float<T>(0.f);
-  }
-}
-
-// bias as float32 [Vp], -inf in the padding columns (they then drop out of the log-sum-exp);
-// columns below `permuted` in the fused kernels' order (fused::stored_column).
-template <typename T>
-__global__ void padded_bias_kernel(const T* __restrict__ bias, int V, int Vp, int permuted,
-                                   float* __restrict__ out) {
-  for (int v = blockIdx.x * blockDim.x + threadIdx.x; v < Vp; v += gridDim.x * blockDim.x) {
-    out[v] = v < V ? to_float(bias[fused::stored_column(v, permuted)]) : kNegInf;
-  }
-}
-
-// n values of type P moved as one vector access.
-template <typename P, int n>
-struct alignas(sizeof(P) * n) Pack {
-  P x[n];
 };
 
-// The fused recompute's d kernel / d bias sums of the vocabulary's tail columns [V0, V0 + width),
-// [slots, width, H + 1], added to the padded accumulator in a fixed order. Block (x, j): 32 of
-// the H + 1 entries of column j, each summed over the slots by kTailLanes threads and then in
-// order.
-constexpr int kTailLanes = 32;
-__global__ void tail_grad_kernel(const float* __restrict__ sums, int64_t slots, int width, int H,
-                                 int V0, int Vp, float* __restrict__ padded) {
-  __shared__ float part[kTailLanes][32];
-  const int col = threadIdx.x & 31, lane = threadIdx.x >> 5;
-  const int h = blockIdx.x * 32 + col, j = blockIdx.y;
-  float sum = 0.f;
-  if (h <= H) {
-    for (int64_t k = lane; k < slots; k += kTailLanes) sum += sums[(k * width + j) * (H + 1) + h];
-  }
-  part[lane][col] = sum;
-  __syncthreads();
-  if (lane == 0 && h <= H) {
-    float total = 0.f;
-#pragma unroll
-    for (int l = 0; l < kTailLanes; ++l) total += part[l][col];
-    padded[static_cast<int64_t>(h) * Vp + V0 + j] += total;
-  }
-}
-
-// d kernel (rows < H) and d bias (row H) out of the padded accumulator, whose columns below
-// `permuted` are in the fused recompute's d logits order (fused::stored_column).
-__global__ void unpad_grad_kernel(const float* __restrict__ padded, int H, int V, int Vp,
-                                  int permuted, float* __restrict__ d_kernel,
-                                  float* __restrict__ d_bias) {
-  const int64_t total = static_cast<int64_t>(H + 1) * V;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int h = static_cast<int>(i / V), v = static_cast<int>(i % V);
-    const float g = padded[static_cast<int64_t>(h) * Vp + fused::stored_column(v, permuted)];
-    if (h < H)
-      d_kernel[i] = g;
-    else
-      d_bias[v] = g;
-  }
-}
-
-// z[n - n0] = (act(encoder[b, t] + predictor[b, u]), 1, 0...): a warp per node, 16-byte loads
-// and stores when H allows them.
+// A backward tile's GEMM operands: z [rows, Hz] (z_ld 0) or z^T [Hz, z_ld], d logits [rows, Vp],
+// and where d hidden goes (over z).
 template <typename T>
-__global__ void hidden_kernel(int64_t n0, int64_t rows, const T* __restrict__ encoder,
-                              const T* __restrict__ predictor, const int64_t* __restrict__ offsets,
-                              const int32_t* __restrict__ label_lengths, int B, int T_max, int U1,
-                              int H, int Hz, Activation activation, T* __restrict__ z) {
-  constexpr int kPack = 16 / sizeof(T);
-  const int lane = threadIdx.x & 31;
-  const bool packed = H % kPack == 0;
-  for (int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + (threadIdx.x >> 5); r < rows;
-       r += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const NodeIndex i = locate_node(n0 + r, offsets, B, label_lengths);
-    const T* e = encoder + (static_cast<int64_t>(i.b) * T_max + i.t) * H;
-    const T* p = predictor + (static_cast<int64_t>(i.b) * U1 + i.u) * H;
-    T* out = z + r * Hz;
-    if (packed) {
-      for (int h = lane * kPack; h < H; h += 32 * kPack) {
-        const uint4 e_bits = *reinterpret_cast<const uint4*>(e + h);
-        const uint4 p_bits = *reinterpret_cast<const uint4*>(p + h);
-        const T* ev = reinterpret_cast<const T*>(&e_bits);
-        const T* pv = reinterpret_cast<const T*>(&p_bits);
-        uint4 out_bits;
-        T* ov = reinterpret_cast<T*>(&out_bits);
-#pragma unroll
-        for (int k = 0; k < kPack; ++k) {
-          ov[k] = from_float<T>(tile_activate<T>(to_float(ev[k]) + to_float(pv[k]), activation));
-        }
-        *reinterpret_cast<uint4*>(out + h) = out_bits;
-      }
-    } else {
-      for (int h = lane; h < H; h += 32) {
-        out[h] = from_float<T>(tile_activate<T>(to_float(e[h]) + to_float(p[h]), activation));
-      }
-    }
-    for (int h = H + lane; h < Hz; h += 32) out[h] = from_float<T>(h == H ? 1.f : 0.f);
-  }
-}
-
-// The same joint values transposed, z^T [Hz, ld] (column r: node n0 + r; columns rows .. ld - 1
-// zero), for the backward's recompute: the d kernel GEMM then reads z K-major, which Hopper's
-// tensor cores need for TF32 and cuBLAS runs faster for 16-bit types too, and the logits GEMM
-// reads it transposed at little cost. For 16-bit types a thread per node: it reads 16 bytes of its
-// encoder and predictor rows at a time (the rest of each sector stays in L1 for its next read),
-// and a warp's 32 consecutive nodes make each of its stores one coalesced run of a z^T row. For
-// float32, whose 16 bytes hold half as many values, hidden_t_shared_kernel is faster
-// (benchmarks/results/rnnt_h200_fused.md).
-constexpr int kTransposeThreads = 256;
-template <typename T>
-__global__ void __launch_bounds__(kTransposeThreads)
-    hidden_t_kernel(int64_t n0, int64_t rows, const T* __restrict__ encoder,
-                    const T* __restrict__ predictor, const int64_t* __restrict__ offsets,
-                    const int32_t* __restrict__ label_lengths, int B, int T_max, int U1, int H,
-                    int Hz, Activation activation, int64_t ld, T* __restrict__ z_t) {
-  constexpr int kPack = 16 / sizeof(T);
-  const int64_t r = blockIdx.x * static_cast<int64_t>(kTransposeThreads) + threadIdx.x;
-  if (r >= ld) return;
-  const T* e = nullptr;
-  const T* p = nullptr;
-  if (r < rows) {
-    const NodeIndex i = locate_node(n0 + r, offsets, B, label_lengths);
-    e = encoder + (static_cast<int64_t>(i.b) * T_max + i.t) * H;
-    p = predictor + (static_cast<int64_t>(i.b) * U1 + i.u) * H;
-  }
-  T* out = z_t + r;
-  const auto put = [&](int h, float v) { out[h * ld] = from_float<T>(v); };
-  int h0 = 0;
-  if (H % kPack == 0) {  // rows 16-byte aligned
-    for (; h0 < H; h0 += kPack) {
-      uint4 e_bits = make_uint4(0, 0, 0, 0), p_bits = e_bits;
-      if (e) {
-        e_bits = *reinterpret_cast<const uint4*>(e + h0);
-        p_bits = *reinterpret_cast<const uint4*>(p + h0);
-      }
-      const T* ev = reinterpret_cast<const T*>(&e_bits);
-      const T* pv = reinterpret_cast<const T*>(&p_bits);
-#pragma unroll
-      for (int k = 0; k < kPack; ++k) {
-        put(h0 + k, e ? tile_activate<T>(to_float(ev[k]) + to_float(pv[k]), activation) : 0.f);
-      }
-    }
-  }
-  for (int h = h0; h < H; ++h) {
-    put(h, e ? tile_activate<T>(to_float(e[h]) + to_float(p[h]), activation) : 0.f);
-  }
-  for (int h = H; h < Hz; ++h) put(h, e && h == H ? 1.f : 0.f);
-}
-
-// hidden_t_kernel for float32: block (32, 8) takes 32 nodes, located once, through all Hz rows
-// 32 at a time via shared memory (double-buffered: one barrier a step), so that both the reads
-// (along H) and the writes (along the nodes) are coalesced; each step's loads are issued before
-// the previous step's stores.
-constexpr int kTransposeTile = 32, kTransposeRows = 8;
-template <typename T>
-__global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
-    hidden_t_shared_kernel(int64_t n0, int64_t rows, const T* __restrict__ encoder,
-                           const T* __restrict__ predictor, const int64_t* __restrict__ offsets,
-                           const int32_t* __restrict__ label_lengths, int B, int T_max, int U1,
-                           int H, int Hz, Activation activation, int64_t ld, T* __restrict__ z_t) {
-  constexpr int kPerThread = kTransposeTile / kTransposeRows;
-  __shared__ float tile[2][kTransposeTile][kTransposeTile + 1];
-  __shared__ int64_t enc_row[kTransposeTile], pred_row[kTransposeTile];  // -1 past the tile
-  const int x = threadIdx.x, y = threadIdx.y;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kTransposeTile;
-  if (y == 0) {
-    int64_t e = -1, q = -1;
-    if (r0 + x < rows) {
-      const NodeIndex i = locate_node(n0 + r0 + x, offsets, B, label_lengths);
-      e = (static_cast<int64_t>(i.b) * T_max + i.t) * H;
-      q = (static_cast<int64_t>(i.b) * U1 + i.u) * H;
-    }
-    enc_row[x] = e;
-    pred_row[x] = q;
-  }
-  __syncthreads();
-  // Row i = y + k kTransposeRows of the step's tile: node r0 + i, column h0 + x of z.
-  T e_val[kPerThread], p_val[kPerThread];
-  const auto load = [&](int h0) {
-#pragma unroll
-    for (int k = 0; k < kPerThread; ++k) {
-      const int i = y + k * kTransposeRows, h = h0 + x;
-      e_val[k] = p_val[k] = from_float<T>(0.f);
-      if (enc_row[i] >= 0 && h < H) {
-        e_val[k] = encoder[enc_row[i] + h];
-        p_val[k] = predictor[pred_row[i] + h];
-      }
-    }
-  };
-  load(0);
-  const bool column_in = r0 + x < ld;
-  for (int h0 = 0, step = 0; h0 < Hz; h0 += kTransposeTile, ++step) {
-    float (*t)[kTransposeTile + 1] = tile[step & 1];
-    const int h = h0 + x;
-#pragma unroll
-    for (int k = 0; k < kPerThread; ++k) {
-      const int i = y + k * kTransposeRows;
-      float v = 0.f;
-      if (enc_row[i] >= 0 && h < H) {
-        v = tile_activate<T>(to_float(e_val[k]) + to_float(p_val[k]), activation);
-      } else if (enc_row[i] >= 0 && h == H) {
-        v = 1.f;
-      }
-      t[i][x] = v;
-    }
-    __syncthreads();
-    if (h0 + kTransposeTile < Hz) load(h0 + kTransposeTile);
-#pragma unroll
-    for (int k = 0; k < kPerThread; ++k) {
-      const int i = y + k * kTransposeRows;
-      if (column_in && h0 + i < Hz) z_t[(h0 + i) * ld + r0 + x] = from_float<T>(t[x][i]);
-    }
-  }
-}
-
-// Online log-sum-exp of logits + bias and the picks, a warp per node; each lane reads 16 bytes
-// of the row at a time (rows are Vp wide, a multiple of 8, so every pack is aligned).
-template <typename L>
-__global__ void picks_kernel(int64_t n0, int64_t rows, const L* __restrict__ logits,
-                             const float* __restrict__ bias, const int32_t* __restrict__ labels,
-                             const int64_t* __restrict__ offsets,
-                             const int32_t* __restrict__ label_lengths, int B, int T_max, int U1,
-                             int Vp, int blank, float* __restrict__ lattice,
-                             float* __restrict__ lse) {
-  constexpr int kPack = 16 / sizeof(L);
-  const int lane = threadIdx.x & 31;
-  for (int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + (threadIdx.x >> 5); r < rows;
-       r += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const L* row = logits + r * Vp;
-    LseState s = lse_init();
-    for (int v = lane * kPack; v < Vp; v += 32 * kPack) {
-      const Pack<L, kPack> packed = *reinterpret_cast<const Pack<L, kPack>*>(row + v);
-      float x[kPack];
-#pragma unroll
-      for (int k = 0; k < kPack; ++k) x[k] = to_float(packed.x[k]) + bias[v + k];
-      s = lse_push_block(s, x);
-    }
-    s = warp_lse(s);
-    if (lane == 0) {
-      const int64_t n = n0 + r;
-      const NodeIndex i = locate_node(n, offsets, B, label_lengths);
-      const float total = lse_value(s);
-      const int64_t padded = (static_cast<int64_t>(i.b) * T_max + i.t) * U1 + i.u;
-      lse[n] = total;
-      lattice[2 * padded] = log_softmax_at(to_float(row[blank]) + bias[blank], s);
-      if (i.u < label_lengths[i.b]) {
-        const int label = labels[static_cast<int64_t>(i.b) * (U1 - 1) + i.u];
-        lattice[2 * padded + 1] = log_softmax_at(to_float(row[label]) + bias[label], s);
-      }
-    }
-  }
-}
-
-// d logits from the per-node lattice gradients (may write over the logits, pack by pack);
-// zeros in the padding columns so the GEMMs that read d logits see no garbage. Columns below
-// `permuted` are in the fused kernels' order (fused::stored_column), and so is bias: only the
-// blank's and the label's places move (the columns below `permuted` are all below V). Packs
-// wholly past V are not read (the fused forward leaves them unwritten).
-template <typename L, typename T>
-__global__ void logit_grads_kernel(int64_t n0, int64_t rows, const L* logits,
-                                   const float* __restrict__ bias,
-                                   const int32_t* __restrict__ labels,
-                                   const int64_t* __restrict__ offsets,
-                                   const int32_t* __restrict__ label_lengths, int B, int T_max,
-                                   int U1, int V, int Vp, int permuted, int blank,
-                                   const float* __restrict__ lse,
-                                   const float* __restrict__ d_lattice, T* d_logits) {
-  constexpr int kPack = 16 / sizeof(L);
-  const int lane = threadIdx.x & 31;
-  const int blank_at = fused::stored_column(blank, permuted);
-  for (int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + (threadIdx.x >> 5); r < rows;
-       r += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const int64_t n = n0 + r;
-    const NodeIndex i = locate_node(n, offsets, B, label_lengths);
-    const int64_t padded = (static_cast<int64_t>(i.b) * T_max + i.t) * U1 + i.u;
-    const bool has_label = i.u < label_lengths[i.b];
-    const int label_at =
-        has_label
-            ? fused::stored_column(labels[static_cast<int64_t>(i.b) * (U1 - 1) + i.u], permuted)
-            : -1;
-    const float g_blank = d_lattice[2 * padded];
-    const float g_label = has_label ? d_lattice[2 * padded + 1] : 0.f;
-    const float total = lse[n];
-    const L* row = logits + r * Vp;
-    T* out = d_logits + r * Vp;
-    for (int v = lane * kPack; v < Vp; v += 32 * kPack) {
-      Pack<L, kPack> packed{};
-      if (v < V) packed = *reinterpret_cast<const Pack<L, kPack>*>(row + v);
-      Pack<T, kPack> grads;
-#pragma unroll
-      for (int k = 0; k < kPack; ++k) {
-        const float g = v + k < V ? logit_grad(to_float(packed.x[k]) + bias[v + k], total, v + k,
-                                               blank_at, label_at, g_blank, g_label)
-                                  : 0.f;
-        grads.x[k] = from_float<T>(g);
-      }
-      *reinterpret_cast<Pack<T, kPack>*>(out + v) = grads;
-    }
-  }
-}
-
-// Frames are grouped in chunks of kChunkRows (aligned to t = 0) for the d encoder / d predictor
-// reductions: d predictor is summed over a chunk's frames in one block, then over chunks.
-// With 16 the float32 partial sums move an eighth of the bytes of the 16-bit d hidden they sum.
-constexpr int kChunkRows = 16;
-constexpr int kGradWarps = 8;  // warps per block of hidden_grads_kernel; warp w takes u = w mod 8
-
-// The tile's span: first node (b0, t0), last node (b1, t1).
-struct TileSpan {
-  int b0 = 0, t0 = 0, b1 = 0, t1 = 0;
+struct TileGrads {
+  const T* z = nullptr;
+  int z_ld = 0;
+  T* d_logits = nullptr;
+  T* d_hidden = nullptr;
 };
 
-// The frames [first, last] of sample b that meet the tile (last < first: none).
-struct FrameRange {
-  int first, last;
-};
-
-__host__ __device__ __forceinline__ FrameRange tile_frames(int b, const TileSpan& span,
-                                                           int logit_length) {
-  return {b == span.b0 ? span.t0 : 0, b == span.b1 ? span.t1 : logit_length - 1};
-}
-
-// Chunks of sample b that meet the tile (0 for an empty sample).
-__host__ __device__ __forceinline__ int tile_chunks(int b, const TileSpan& span, int logit_length) {
-  const FrameRange f = tile_frames(b, span, logit_length);
-  return f.last < f.first ? 0 : f.last / kChunkRows - f.first / kChunkRows + 1;
-}
-
-// Floats of the d predictor partial sums of one tile: a [chunks of b, U_b + 1, H] block per sample
-// b that meets it. At most H * (tile / kChunkRows + (B + 6) * (U + 1)): a sample inside the tile
-// adds at most one chunk beyond T_b / kChunkRows, the two edge samples at most 3 (U_b + 1) rows.
-size_t pred_partial_floats(const JointShape& s, size_t tile) {
-  return static_cast<size_t>(s.H) *
-         ((tile + kChunkRows - 1) / kChunkRows + static_cast<size_t>(s.B + 6) * s.U1);
-}
-
-// The chunk (sample b, its k-th chunk in the tile) of block x, and where its partial block
-// starts (in rows of H), counted over the samples from b0.
-struct ChunkRef {
-  int b, k;
-  int64_t partial_row;
-};
-
-__device__ __forceinline__ ChunkRef find_chunk(int x, const TileSpan& span,
-                                               const int32_t* logit_lengths,
-                                               const int32_t* label_lengths) {
-  ChunkRef c{span.b0, x, 0};
-  for (;;) {
-    const int n = tile_chunks(c.b, span, logit_lengths[c.b]);
-    if (c.k < n) break;
-    c.k -= n;
-    c.partial_row += static_cast<int64_t>(n) * (label_lengths[c.b] + 1);
-    ++c.b;
+// The cuBLAS path's forward over tiles of `tile` nodes: z, logits = z @ kernel (L: T, or float32
+// where untiled mode keeps them), the picks.
+template <typename T, typename L>
+Status cublas_forward(const Pass<T>& c, const JointForwardArgs& a, int64_t tile, T* z_buffer,
+                      L* logits_buffer) {
+  const HostPlan& host = c.in.host;
+  padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(c.Hk) * c.Vp, 256), 256, 0, c.stream>>>(
+      static_cast<const T*>(c.in.kernel), c.H, c.V, c.Hk, c.Vp, true, 0, c.buf.kernel_t);
+  padded_bias_kernel<T><<<blocks_for(c.Vp, 256), 256, 0, c.stream>>>(
+      static_cast<const T*>(c.in.bias), c.V, c.Vp, 0, c.buf.bias);
+  c.node_offsets();
+  for (int64_t n0 = 0; n0 < host.num_nodes; n0 += tile) {
+    const int64_t rows = std::min(tile, host.num_nodes - n0);
+    hidden_kernel<T><<<grid_warps(rows), 32 * kWarps, 0, c.stream>>>(
+        n0, rows, c.encoder(), c.predictor(), c.buf.offsets, c.in.label_lengths, c.s.B, c.s.T,
+        c.s.U1, c.H, c.Hz, c.o.activation, z_buffer);
+    RETURN_IF_ERROR(gemm_row_major(c.handle, false, true, static_cast<int>(rows), c.Vp, c.Hk,
+                                   z_buffer, cuda_type<T>(), c.Hz, c.buf.kernel_t, cuda_type<T>(),
+                                   c.Hk, 0.f, logits_buffer, cuda_type<L>(), c.Vp, c.o.allow_tf32));
+    picks_kernel<L><<<grid_warps(rows), 32 * kWarps, 0, c.stream>>>(
+        n0, rows, logits_buffer, c.buf.bias, c.in.labels, c.buf.offsets, c.in.label_lengths, c.s.B,
+        c.s.T, c.s.U1, c.Vp, c.o.blank, a.lattice, a.lse);
+    RETURN_IF_ERROR(last_launch_status());
   }
-  c.partial_row += static_cast<int64_t>(c.k) * (label_lengths[c.b] + 1);
-  return c;
-}
-
-// g = d hidden * act'(enc + pred) for the tile's nodes of one chunk (<= kChunkRows frames of
-// sample b, all u), with the activation recomputed from the inputs. Sums, in a fixed order (no
-// atomics: deterministic):
-//   d encoder[b, t] += sum_u g(t, u)                    (complete for the tile: block-local)
-//   partial[chunk, u] = sum over the chunk's frames of g  (predictor_grad_kernel adds them up)
-// Block: kGradWarps warps x 32 lanes; lane l takes kVec adjacent h, warp w the u = w mod
-// kGradWarps; blockIdx.y picks the H slice of 32 * kVec columns. The kernel is bound by memory
-// latency: the encoder values and each warp's d encoder sums live in shared memory, so that few
-// registers a thread (64) let four blocks share an SM.
-template <typename T, int kVec>
-__global__ void __launch_bounds__(32 * kGradWarps, 4)
-    hidden_grads_kernel(int64_t n0, int64_t rows, TileSpan span, const T* __restrict__ d_hidden,
-                        const T* __restrict__ encoder, const T* __restrict__ predictor,
-                        const int64_t* __restrict__ offsets,
-                        const int32_t* __restrict__ logit_lengths,
-                        const int32_t* __restrict__ label_lengths, int T_max, int U1, int H, int Hz,
-                        Activation activation, float* __restrict__ d_encoder,
-                        float* __restrict__ partials) {
-  constexpr int R = kChunkRows;
-  using Vec = Pack<T, kVec>;  // kVec adjacent columns in one access (h and H are multiples)
-  using Acc = Pack<float, kVec>;
-  __shared__ Acc encoder_sums[kGradWarps][R][32];
-  __shared__ Acc enc[R][32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int h = (blockIdx.y * 32 + lane) * kVec;
-  const bool active = h < H;
-  const ChunkRef c = find_chunk(blockIdx.x, span, logit_lengths, label_lengths);
-  const int b = c.b, U1_b = label_lengths[b] + 1;
-  const FrameRange f = tile_frames(b, span, logit_lengths[b]);
-  const int t_a = (f.first / R + c.k) * R;
-  const int r_lo = max(f.first - t_a, 0), r_hi = min(f.last - t_a + 1, R);
-  // Tile-relative node of (t_a, u = 0).
-  const int64_t rel0 = offsets[b] + static_cast<int64_t>(t_a) * U1_b - n0;
-
-  for (int r = warp; r < R; r += kGradWarps) {
-    Vec v{};
-    if (active && r >= r_lo && r < r_hi) {
-      v = *reinterpret_cast<const Vec*>(encoder + (static_cast<int64_t>(b) * T_max + t_a + r) * H +
-                                        h);
-    }
-    Acc a;
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) a.x[j] = to_float(v.x[j]);
-    enc[r][lane] = a;
-  }
-#pragma unroll
-  for (int r = 0; r < R; ++r) encoder_sums[warp][r][lane] = Acc{};
-  __syncthreads();
-
-  // The chunk's d hidden rows of u into dh (rows outside the tile: not loaded, zero).
-  // Row r of u is tile row rel0 + u + r U1_b: in the tile for r in [lo, hi).
-  const int stride = U1_b * Hz;
-  auto load = [&](int u, Vec(&dh)[R], Vec& pv) {
-    pv = *reinterpret_cast<const Vec*>(predictor + (static_cast<int64_t>(b) * U1 + u) * H + h);
-    const int64_t base = rel0 + u;
-    const int lo = base >= 0 ? r_lo : max(r_lo, static_cast<int>((U1_b - 1 - base) / U1_b));
-    const int hi = rows - base <= 0
-                       ? 0
-                       : static_cast<int>(std::min<int64_t>(r_hi, (rows - base + U1_b - 1) / U1_b));
-    const T* row = d_hidden + base * Hz + h;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      dh[r] = Vec{};
-      if (r >= lo && r < hi) dh[r] = *reinterpret_cast<const Vec*>(row + r * stride);
-    }
-  };
-  auto work = [&](int u, const Vec(&dh)[R], const Vec& pv) {
-    float acc_p[kVec];
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) acc_p[j] = 0.f;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const Acc e = enc[r][lane];
-      Acc s = encoder_sums[warp][r][lane];
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        const float y = tile_activate<T>(e.x[j] + to_float(pv.x[j]), activation);
-        const float g = to_float(dh[r].x[j]) * activation_grad(y, activation);
-        s.x[j] += g;
-        acc_p[j] += g;
-      }
-      encoder_sums[warp][r][lane] = s;
-    }
-    Acc out;
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) out.x[j] = acc_p[j];
-    *reinterpret_cast<Acc*>(partials + (c.partial_row + u) * H + h) = out;
-  };
-  if (active) {
-    for (int u = warp; u < U1_b; u += kGradWarps) {
-      Vec dh[R], pv;
-      load(u, dh, pv);
-      work(u, dh, pv);
-    }
-  }
-  // d encoder: the warps' sums added in warp order.
-  __syncthreads();
-  for (int i = threadIdx.x; i < R * 32; i += 32 * kGradWarps) {
-    const int r = i / 32, l = i % 32;
-    const int hc = (blockIdx.y * 32 + l) * kVec;
-    if (r < r_lo || r >= r_hi || hc >= H) continue;
-    Acc sum{};
-#pragma unroll
-    for (int w = 0; w < kGradWarps; ++w) {
-      const Acc part = encoder_sums[w][r][l];
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) sum.x[j] += part.x[j];
-    }
-    float* out = d_encoder + (static_cast<int64_t>(b) * T_max + t_a + r) * H + hc;
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) out[j] += sum.x[j];
-  }
-}
-
-// d predictor[b, u] += the tile's partial sums of (b, u), over its chunks in order.
-// Block x: the x-th (b, u) pair counted from (b0, 0); blockIdx.y splits H.
-__global__ void predictor_grad_kernel(TileSpan span, const float* __restrict__ partials,
-                                      const int32_t* __restrict__ logit_lengths,
-                                      const int32_t* __restrict__ label_lengths, int U1, int H,
-                                      float* __restrict__ d_predictor) {
-  const int h = blockIdx.y * blockDim.x + threadIdx.x;
-  if (h >= H) return;
-  int b = span.b0, u = static_cast<int>(blockIdx.x);
-  int64_t partial_row = 0;
-  while (u > label_lengths[b]) {
-    u -= label_lengths[b] + 1;
-    partial_row +=
-        static_cast<int64_t>(tile_chunks(b, span, logit_lengths[b])) * (label_lengths[b] + 1);
-    ++b;
-  }
-  const int U1_b = label_lengths[b] + 1;
-  const int chunks = tile_chunks(b, span, logit_lengths[b]);
-  const float* in = partials + (partial_row + u) * H + h;
-  float sum = 0.f;
-  for (int k = 0; k < chunks; ++k) sum += in[static_cast<int64_t>(k) * U1_b * H];
-  d_predictor[(static_cast<int64_t>(b) * U1 + u) * H + h] += sum;
-}
-
-// The tile [n0, n0 + rows) on the host: its span, the number of chunks it meets and the number
-// of (b, u) pairs of the samples it meets.
-struct TilePlan {
-  TileSpan span;
-  int64_t chunks = 0, label_pairs = 0;
-};
-
-TilePlan plan_tile(int64_t n0, int64_t rows, const HostPlan& host, int B) {
-  TilePlan p;
-  const int64_t* offsets = host.node_offsets;
-  auto locate = [&](int64_t n, int* b, int* t) {
-    // The sample holding node n: the last b with offsets[b] <= n and a non-empty lattice.
-    int lo = 0, hi = B - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (offsets[mid] <= n)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    *b = lo;
-    *t = static_cast<int>((n - offsets[lo]) / (host.label_lengths[lo] + 1));
-  };
-  locate(n0, &p.span.b0, &p.span.t0);
-  locate(n0 + rows - 1, &p.span.b1, &p.span.t1);
-  for (int b = p.span.b0; b <= p.span.b1; ++b) {
-    p.chunks += tile_chunks(b, p.span, host.logit_lengths[b]);
-    p.label_pairs += host.label_lengths[b] + 1;
-  }
-  return p;
-}
-
-template <typename T>
-__global__ void cast_kernel(const float* __restrict__ in, T* __restrict__ out, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = from_float<T>(in[i]);
-  }
-}
-
-int grid_warps(int64_t rows) {
-  return static_cast<int>(std::min<int64_t>((rows + kWarps - 1) / kWarps, 1 << 16));
-}
-
-#define RETURN_IF_ERROR(expr)          \
-  do {                                 \
-    const Status _status = (expr);     \
-    if (!_status.ok()) return _status; \
-  } while (0)
-
-// Whether a pass runs the fused kernels (options.kernel, joint_fused.h): tiled, the forward and
-// the recompute; untiled, the forward, keeping the joint values and rounded logits.
-Status use_fused(const JointShape& s, const JointOptions& o, bool* on_chip) {
-  *on_chip = false;
-  if (o.kernel == JointKernel::kCublas) return Status();
-  // kAuto takes the Hopper kernels where they apply: faster than the cuBLAS path on an H200, where
-  // the mma.sync ones are slower (benchmarks/results/rnnt_h200_fused.md).
-  if (o.kernel == JointKernel::kAuto) {
-    *on_chip = fused::kernels_for(s, o) == fused::Kernels::kWgmma;
-    return Status();
-  }
-  const char* why = fused::unsupported_reason(s, o);
-  if (why) {
-    Status st;
-    st.code = StatusCode::kInvalidArgument;
-    st.message = why;
-    return st;
-  }
-  *on_chip = true;
   return Status();
 }
 
-// use_fused's answer (errors are the pass's to report).
-bool fused_pass(const JointShape& s, const JointOptions& o) {
-  bool on_chip = false;
-  const Status ignored = use_fused(s, o, &on_chip);
-  (void)ignored;
-  return on_chip;
-}
-
-// Width of a pass's logits rows (Vp): a multiple of 8 for aligned tensor-core GEMMs, of 64 where
-// the fused kernels write logits or d logits, which the d hidden GEMM sums over (cuBLAS runs
-// K = 1088 faster than K = 1032 for V = 1025; rnnt_h200_fused.md).
-int pass_logits_width(const JointShape& s, bool on_chip) {
-  return on_chip ? (s.V + 63) / 64 * 64 : logits_width(s);
-}
-
-// Carves the workspace into the buffers of one pass (with a null base it only counts bytes).
-// Tiled mode: z (later d hidden) and logits (later d logits) in the input dtype T. Untiled mode
-// (the kept tensors are the caller's; d hidden goes over the kept z), backward: on the cuBLAS
-// path with half inputs, d logits in T for all nodes (the fused path's kept logits are T: d
-// logits overwrite them).
+// The fused forward over every node in one launch (the kernels keep no tile buffer); with
+// z_out and logits_out, also keeping the joint values and the logits rounded to T.
 template <typename T>
-struct JointBuffers {
-  T* kernel = nullptr;          // backward: [Hk, Vp] (d hidden)
-  T* kernel_t = nullptr;        // forward, tiled backward: [Vp, Hk] (logits)
-  float* bias = nullptr;        // [Vp], -inf padding
-  T* tile_z = nullptr;          // tiled: [tile, Hz], or z^T [Hz, tile rounded up to 8]
-  T* tile_logits = nullptr;     // tiled: [tile rounded up to 8, Vp]
-  float* d_kernel = nullptr;    // backward: [Hz, Vp] accumulator, d bias in row H
-  float* partials = nullptr;    // backward: a tile's d predictor partial sums
-  float* tail_sums = nullptr;   // tiled backward, 16-bit T: the fused recompute's tail sums
-  T* d_logits = nullptr;        // untiled backward, cuBLAS path, half inputs: [N, Vp]
-  T* fused_kernel = nullptr;    // 16-bit T: the fused kernels' output layer
-  float* fused_bias = nullptr;  // 16-bit T: and bias
-  int64_t* offsets = nullptr;   // [B + 1] packed node offsets
-  GradAccumulators acc;         // backward, 16-bit T (float32 T accumulates in the outputs)
-  bool on_chip = false;         // the pass runs the fused kernels (use_fused)
-  int Vp = 0;                   // pass_logits_width
-  size_t bytes = 0;
+Status fused_forward(const Pass<T>& c, const JointForwardArgs& a, void* z_out, void* logits_out) {
+  c.node_offsets();
+  RETURN_IF_ERROR(fused::prepare(c.s, c.o, c.in.kernel, c.in.bias, c.buf.fused_kernel,
+                                 c.buf.fused_bias, c.stream));
+  return fused::forward(c.s, c.o, fused_tile(c.in, c.buf, 0, c.in.host.num_nodes), a.lattice, a.lse,
+                        c.stream, z_out, c.Hz, logits_out, c.Vp);
+}
 
-  JointBuffers(void* base, const JointShape& s, const JointOptions& o, size_t tile, bool backward,
-               bool untiled)
-      : on_chip(fused_pass(s, o)), Vp(pass_logits_width(s, on_chip)) {
-    const size_t Hk = round_up_to_8(s.H), Hz = hidden_width(s);
-    char* origin = static_cast<char*>(base);
-    auto take = [&](auto*& ptr, size_t count) {
-      using P = typename std::remove_reference<decltype(*ptr)>::type;
-      ptr = origin ? reinterpret_cast<P*>(origin + bytes) : nullptr;
-      bytes += align_up(sizeof(P) * count);
-    };
-    if (backward) take(kernel, Hk * Vp);
-    if (!backward || !untiled) take(kernel_t, Hk * Vp);
-    take(bias, Vp);
-    if (!untiled) {
-      const size_t tile8 = (tile + 7) / 8 * 8;  // the recompute's GEMMs run over a multiple of 8
-      take(tile_z, tile8 * Hz);
-      take(tile_logits, tile8 * Vp);
+// The three ways a call runs the joint, one chosen per call (with_path). Each owns its forward
+// and the backward's own steps: prepare (before the shared padding), the step between tiles,
+// the tile's GEMM operands, the vocabulary's tail columns summed on chip and their d kernel.
+
+// Tiled, the cuBLAS path: the backward recomputes each tile (activation checkpointing).
+template <typename T>
+struct CublasRecompute {
+  bool fused_layout() const { return false; }  // logits in column order
+  Status forward(const Pass<T>& c, const JointForwardArgs& a) const {
+    return cublas_forward<T, T>(c, a, c.in.host.tile_nodes, c.buf.tile_z, c.buf.tile_logits);
+  }
+  int64_t backward_tile(const Pass<T>& c) const { return c.in.host.tile_nodes; }
+  int tail(const Pass<T>&) const { return 0; }
+  Status prepare(const Pass<T>& c, int64_t /*tail_floats*/) const {
+    padded_kernel_kernel<T>
+        <<<blocks_for(static_cast<int64_t>(c.Hk) * c.Vp, 256), 256, 0, c.stream>>>(
+            static_cast<const T*>(c.in.kernel), c.H, c.V, c.Hk, c.Vp, true, 0, c.buf.kernel_t);
+    return Status();
+  }
+  // z transposed, the logits by cuBLAS, d logits over them.
+  Status tile_grads(const Pass<T>& c, const JointBackwardArgs& a, int64_t n0, int64_t rows,
+                    TileGrads<T>* g) const {
+    // The GEMMs that run along the nodes take z_ld of them, a multiple of 8 (an unaligned count
+    // sends cuBLAS to far slower kernels); the padding nodes' z and logits are zero.
+    const int z_ld = round_up_to_8(static_cast<int>(rows));
+    if constexpr (sizeof(T) == sizeof(float)) {
+      hidden_t_shared_kernel<T>
+          <<<static_cast<unsigned>((z_ld + kTransposeTile - 1) / kTransposeTile),
+             dim3(kTransposeTile, kTransposeRows), 0, c.stream>>>(
+              n0, rows, c.encoder(), c.predictor(), c.buf.offsets, c.in.label_lengths, c.s.B, c.s.T,
+              c.s.U1, c.H, c.Hz, c.o.activation, z_ld, c.buf.tile_z);
+    } else {
+      hidden_t_kernel<T>
+          <<<static_cast<unsigned>((z_ld + kTransposeThreads - 1) / kTransposeThreads),
+             kTransposeThreads, 0, c.stream>>>(n0, rows, c.encoder(), c.predictor(), c.buf.offsets,
+                                               c.in.label_lengths, c.s.B, c.s.T, c.s.U1, c.H, c.Hz,
+                                               c.o.activation, z_ld, c.buf.tile_z);
     }
-    if (backward) {
-      take(d_kernel, Hz * Vp);
-      take(partials, pred_partial_floats(s, tile));
-      if (untiled) {
-        if (sizeof(T) != sizeof(float) && !on_chip) take(d_logits, tile * Vp);
-      } else if (sizeof(T) != sizeof(float)) {
-        take(tail_sums, fused::tail_sum_floats(s, static_cast<int64_t>(tile)));
-      }
-    }
-    if (sizeof(T) != sizeof(float)) {
-      take(fused_kernel, fused::prepared_kernel_elements(s));
-      take(fused_bias, fused::prepared_bias_elements(s));
-    }
-    take(offsets, s.B + 1);
-    if (backward && sizeof(T) != sizeof(float)) {
-      const GradSizes g(s);
-      take(acc.d_encoder, g.encoder);
-      take(acc.d_predictor, g.predictor);
-      take(acc.d_kernel, g.kernel);
-      take(acc.d_bias, g.bias);
-    }
+    T* logits = c.buf.tile_logits;
+    RETURN_IF_ERROR(gemm_row_major(c.handle, true, true, z_ld, c.Vp, c.Hk, c.buf.tile_z,
+                                   cuda_type<T>(), z_ld, c.buf.kernel_t, cuda_type<T>(), c.Hk, 0.f,
+                                   logits, cuda_type<T>(), c.Vp, c.o.allow_tf32));
+    logit_grads_kernel<T, T><<<grid_warps(rows), 32 * kWarps, 0, c.stream>>>(
+        n0, rows, logits, c.buf.bias, c.in.labels, c.buf.offsets, c.in.label_lengths, c.s.B, c.s.T,
+        c.s.U1, c.V, c.Vp, 0, c.o.blank, a.lse, a.d_lattice, logits);
+    *g = TileGrads<T>{c.buf.tile_z, z_ld, logits, c.buf.tile_z};
+    return Status();
   }
 };
 
+// Tiled, the fused kernels: the forward over every node, per backward tile the recompute of z
+// and d logits (the logits stay on chip), whole waves of it a tile.
 template <typename T>
-fused::Tile fused_tile(const JointInputs& in, const JointBuffers<T>& buf, int64_t n0,
-                       int64_t rows) {
-  fused::Tile t;
-  t.encoder = in.encoder;
-  t.predictor = in.predictor;
-  t.prepared_kernel = buf.fused_kernel;
-  t.prepared_bias = buf.fused_bias;
-  t.labels = in.labels;
-  t.offsets = buf.offsets;
-  t.label_lengths = in.label_lengths;
-  t.n0 = n0;
-  t.rows = rows;
-  return t;
+struct FusedRecompute {
+  bool fused_layout() const { return true; }  // the fused kernels' column order
+  Status forward(const Pass<T>& c, const JointForwardArgs& a) const {
+    return fused_forward(c, a, nullptr, nullptr);
+  }
+  // The buffers hold host.tile_nodes; the recompute steps by whole waves.
+  int64_t backward_tile(const Pass<T>& c) const {
+    return fused::wave_tile(c.s, c.o, c.in.host.tile_nodes);
+  }
+  // Vocabulary columns the recompute sums on chip, past the d kernel GEMM's.
+  int tail(const Pass<T>& c) const { return fused::tail_columns(c.s); }
+  Status prepare(const Pass<T>& c, int64_t tail_floats) const {
+    RETURN_IF_ERROR(fused::prepare(c.s, c.o, c.in.kernel, c.in.bias, c.buf.fused_kernel,
+                                   c.buf.fused_bias, c.stream));
+    if (tail_floats > 0) {
+      RETURN_IF_ERROR(
+          cuda_status(cudaMemsetAsync(c.buf.tail_sums, 0, sizeof(float) * tail_floats, c.stream)));
+    }
+    // The d logits columns past the recompute's, which the d hidden GEMM sums over: zeros.
+    const int written = logits_width(c.s);
+    if (c.Vp > written) {
+      RETURN_IF_ERROR(cuda_status(cudaMemset2DAsync(
+          c.buf.tile_logits + written, sizeof(T) * c.Vp, 0, sizeof(T) * (c.Vp - written),
+          static_cast<size_t>((c.in.host.tile_nodes + 7) / 8 * 8), c.stream)));
+    }
+    return Status();
+  }
+  Status tile_grads(const Pass<T>& c, const JointBackwardArgs& a, int64_t n0, int64_t rows,
+                    TileGrads<T>* g) const {
+    RETURN_IF_ERROR(fused::recompute(c.s, c.o, fused_tile(c.in, c.buf, n0, rows), a.lse,
+                                     a.d_lattice, c.buf.tile_z, c.Hz, c.buf.tile_logits, c.Vp,
+                                     c.buf.tail_sums, c.stream));
+    *g = TileGrads<T>{c.buf.tile_z, 0, c.buf.tile_logits, c.buf.tile_z};
+    return Status();
+  }
+};
+
+// Untiled: the forward keeps the joint values and the logits (the fused forward where it
+// applies, in T and its column order; else the cuBLAS path, float32), the backward turns them
+// into d logits in one tile of every node.
+template <typename T>
+struct Untiled {
+  bool on_chip;  // the fused forward kept them
+  bool fused_layout() const { return on_chip; }
+  Status forward(const Pass<T>& c, const JointForwardArgs& a) const {
+    if (on_chip) return fused_forward(c, a, a.saved_hidden, a.saved_logits);
+    return cublas_forward<T, float>(c, a, c.in.host.num_nodes, static_cast<T*>(a.saved_hidden),
+                                    a.saved_logits);
+  }
+  int64_t backward_tile(const Pass<T>& c) const { return c.in.host.num_nodes; }
+  int tail(const Pass<T>&) const { return 0; }
+  Status prepare(const Pass<T>&, int64_t) const { return Status(); }
+  Status tile_grads(const Pass<T>& c, const JointBackwardArgs& a, int64_t n0, int64_t rows,
+                    TileGrads<T>* g) const {
+    T* z = static_cast<T*>(a.saved_hidden);
+    if (on_chip) {  // d logits over the kept T logits
+      T* d_logits = reinterpret_cast<T*>(a.saved_logits);
+      logit_grads_kernel<T, T><<<grid_warps(rows), 32 * kWarps, 0, c.stream>>>(
+          n0, rows, d_logits, c.buf.bias, c.in.labels, c.buf.offsets, c.in.label_lengths, c.s.B,
+          c.s.T, c.s.U1, c.V, c.Vp, fused::permuted_columns(c.V), c.o.blank, a.lse, a.d_lattice,
+          d_logits);
+      *g = TileGrads<T>{z, 0, d_logits, z};
+      return Status();
+    }
+    // d logits over the float32 logits for float32 T, else in their own buffer.
+    T* d_logits =
+        sizeof(T) == sizeof(float) ? reinterpret_cast<T*>(a.saved_logits) : c.buf.d_logits;
+    logit_grads_kernel<float, T><<<grid_warps(rows), 32 * kWarps, 0, c.stream>>>(
+        n0, rows, a.saved_logits, c.buf.bias, c.in.labels, c.buf.offsets, c.in.label_lengths, c.s.B,
+        c.s.T, c.s.U1, c.V, c.Vp, 0, c.o.blank, a.lse, a.d_lattice, d_logits);
+    *g = TileGrads<T>{z, 0, d_logits, z};
+    return Status();
+  }
+};
+
+// fn(path) with the call's path: untiled mode keeps values, else the fused kernels where the
+// options and the device take them (use_fused), else the cuBLAS path.
+template <typename T, typename Fn>
+Status with_path(const JointShape& s, const JointOptions& o, bool untiled, Fn&& fn) {
+  bool on_chip = false;
+  RETURN_IF_ERROR(use_fused(s, o, &on_chip));
+  if (untiled) return fn(Untiled<T>{on_chip});
+  if (on_chip) return fn(FusedRecompute<T>{});
+  return fn(CublasRecompute<T>{});
 }
 
-// L: the logits' dtype (T in tiled mode, float32 when untiled mode keeps them).
-template <typename T, typename L>
+template <typename T>
 Status forward(const JointShape& s, const JointOptions& o, const JointForwardArgs& a,
                cudaStream_t stream) {
-  const JointInputs& in = a.in;
-  const HostPlan& host = in.host;
-  const int H = s.H, V = s.V;
-  const int Hz = hidden_width(s), Hk = round_up_to_8(H);
+  const HostPlan& host = a.in.host;
   RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(
       a.lattice, 0, sizeof(float) * 2 * static_cast<size_t>(s.B) * s.T * s.U1, stream)));
   if (host.num_nodes == 0) return Status();
   cublasHandle_t handle;
   RETURN_IF_ERROR(cublas_handle_for(stream, &handle));
   const bool untiled = a.saved_logits != nullptr;
-  const int64_t tile = untiled ? host.num_nodes : host.tile_nodes;
-  const JointBuffers<T> buf(a.workspace, s, o, tile, false, untiled);
-  const int Vp = buf.Vp;
-  bool on_chip = false;
-  RETURN_IF_ERROR(use_fused(s, o, &on_chip));
-  if (on_chip) {  // every node in one launch: the kernels keep no tile buffer
-    node_offsets_kernel<<<1, 1, 0, stream>>>(in.logit_lengths, in.label_lengths, s.B, buf.offsets);
-    RETURN_IF_ERROR(
-        fused::prepare(s, o, in.kernel, in.bias, buf.fused_kernel, buf.fused_bias, stream));
-    // Untiled, the joint values and the rounded logits (T, not float32) are kept.
-    return fused::forward(s, o, fused_tile(in, buf, 0, host.num_nodes), a.lattice, a.lse, stream,
-                          a.saved_hidden, Hz, a.saved_logits, Vp);
-  }
-  padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
-      static_cast<const T*>(in.kernel), H, V, Hk, Vp, true, 0, buf.kernel_t);
-  padded_bias_kernel<T>
-      <<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(in.bias), V, Vp, 0, buf.bias);
-  node_offsets_kernel<<<1, 1, 0, stream>>>(in.logit_lengths, in.label_lengths, s.B, buf.offsets);
-  for (int64_t n0 = 0; n0 < host.num_nodes; n0 += tile) {
-    const int64_t rows = std::min(tile, host.num_nodes - n0);
-    T* z = untiled ? static_cast<T*>(a.saved_hidden) : buf.tile_z;
-    L* logits =
-        untiled ? reinterpret_cast<L*>(a.saved_logits) : reinterpret_cast<L*>(buf.tile_logits);
-    hidden_kernel<T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
-        n0, rows, static_cast<const T*>(in.encoder), static_cast<const T*>(in.predictor),
-        buf.offsets, in.label_lengths, s.B, s.T, s.U1, H, Hz, o.activation, z);
-    RETURN_IF_ERROR(gemm_row_major(handle, false, true, static_cast<int>(rows), Vp, Hk, z,
-                                   cuda_type<T>(), Hz, buf.kernel_t, cuda_type<T>(), Hk, 0.f,
-                                   logits, cuda_type<L>(), Vp, o.allow_tf32));
-    picks_kernel<L><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
-        n0, rows, logits, buf.bias, in.labels, buf.offsets, in.label_lengths, s.B, s.T, s.U1, Vp,
-        o.blank, a.lattice, a.lse);
-    RETURN_IF_ERROR(last_launch_status());
-  }
-  return Status();
+  const JointBuffers<T> buf(a.workspace, s, o, untiled ? host.num_nodes : host.tile_nodes, false,
+                            untiled);
+  const Pass<T> c(s, o, a.in, buf, handle, stream);
+  return with_path<T>(s, o, untiled, [&](const auto& path) { return path.forward(c, a); });
 }
 
-// The gradients into acc (zeroed here first).
-template <typename T, typename L>
-Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointBackwardArgs& a,
-                        const JointBuffers<T>& buf, const GradAccumulators& acc,
-                        cudaStream_t stream) {
-  const JointInputs& in = a.in;
-  const HostPlan& host = in.host;
-  const int H = s.H, V = s.V, Vp = buf.Vp;
-  const int Hz = hidden_width(s), Hk = round_up_to_8(H);
-  const GradSizes sizes(s);
-  RETURN_IF_ERROR(
-      cuda_status(cudaMemsetAsync(acc.d_encoder, 0, sizeof(float) * sizes.encoder, stream)));
-  RETURN_IF_ERROR(
-      cuda_status(cudaMemsetAsync(acc.d_predictor, 0, sizeof(float) * sizes.predictor, stream)));
-  RETURN_IF_ERROR(
-      cuda_status(cudaMemsetAsync(acc.d_kernel, 0, sizeof(float) * sizes.kernel, stream)));
-  RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(acc.d_bias, 0, sizeof(float) * sizes.bias, stream)));
-  if (host.num_nodes == 0) return Status();
-  cublasHandle_t handle;
-  RETURN_IF_ERROR(cublas_handle_for(stream, &handle));
-  const bool untiled = a.saved_logits != nullptr;
-  bool on_chip = false;
-  RETURN_IF_ERROR(use_fused(s, o, &on_chip));
-  const bool recompute_on_chip = on_chip && !untiled;  // the fused recompute runs the tiles
-  // The buffers hold host.tile_nodes; the fused path may step by fewer (whole waves).
-  const int64_t buffer_tile = untiled ? host.num_nodes : host.tile_nodes;
-  const int64_t tile = recompute_on_chip ? fused::wave_tile(s, o, buffer_tile) : buffer_tile;
-  const T* encoder = static_cast<const T*>(in.encoder);
-  const T* predictor = static_cast<const T*>(in.predictor);
-  // Vocabulary columns the fused recompute sums on chip, past the d kernel GEMM's V0.
-  const int tail = recompute_on_chip ? fused::tail_columns(s) : 0;
+// The backward's steps every path shares around its own (the Path above), into acc.
+template <typename T, typename Path>
+Status accumulate_grads(const Pass<T>& c, const Path& path, const JointBackwardArgs& a,
+                        const GradAccumulators& acc) {
+  const HostPlan& host = c.in.host;
+  const int H = c.H, V = c.V, Vp = c.Vp, Hz = c.Hz, Hk = c.Hk;
+  const cudaStream_t stream = c.stream;
+  const JointBuffers<T>& buf = c.buf;
+  const int64_t tile = path.backward_tile(c);
+  const int tail = path.tail(c);
   const int V0 = V - tail;
-  const int64_t tail_floats = tail > 0 ? fused::tail_sum_floats(s, tile) : 0;
-  if (recompute_on_chip) {
-    RETURN_IF_ERROR(
-        fused::prepare(s, o, in.kernel, in.bias, buf.fused_kernel, buf.fused_bias, stream));
-    if (tail > 0) {
-      RETURN_IF_ERROR(
-          cuda_status(cudaMemsetAsync(buf.tail_sums, 0, sizeof(float) * tail_floats, stream)));
-    }
-    // The d logits columns past the recompute's, which the d hidden GEMM sums over: zeros.
-    const int written = logits_width(s);
-    if (Vp > written) {
-      RETURN_IF_ERROR(cuda_status(cudaMemset2DAsync(
-          buf.tile_logits + written, sizeof(T) * Vp, 0, sizeof(T) * (Vp - written),
-          static_cast<size_t>((buffer_tile + 7) / 8 * 8), stream)));
-    }
-  }
+  const int64_t tail_floats = tail > 0 ? fused::tail_sum_floats(c.s, tile) : 0;
+  RETURN_IF_ERROR(path.prepare(c, tail_floats));
   // The fused kernels' logits and d logits columns, as they store them.
-  const int permuted = on_chip ? fused::permuted_columns(V) : 0;
+  const int permuted = path.fused_layout() ? fused::permuted_columns(V) : 0;
   padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
-      static_cast<const T*>(in.kernel), H, V, Hk, Vp, false, permuted, buf.kernel);
-  if (!untiled && !on_chip) {
-    padded_kernel_kernel<T><<<blocks_for(static_cast<int64_t>(Hk) * Vp, 256), 256, 0, stream>>>(
-        static_cast<const T*>(in.kernel), H, V, Hk, Vp, true, 0, buf.kernel_t);
-  }
-  padded_bias_kernel<T><<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(in.bias), V,
-                                                                 Vp, permuted, buf.bias);
-  node_offsets_kernel<<<1, 1, 0, stream>>>(in.logit_lengths, in.label_lengths, s.B, buf.offsets);
+      static_cast<const T*>(c.in.kernel), H, V, Hk, Vp, false, permuted, buf.kernel);
+  padded_bias_kernel<T><<<blocks_for(Vp, 256), 256, 0, stream>>>(static_cast<const T*>(c.in.bias),
+                                                                 V, Vp, permuted, buf.bias);
+  c.node_offsets();
   RETURN_IF_ERROR(cuda_status(
       cudaMemsetAsync(buf.d_kernel, 0, sizeof(float) * static_cast<size_t>(Hz) * Vp, stream)));
   const int h_threads = H >= 128 ? 128 : std::max(32, (H + 31) / 32 * 32);
   const int h_slices = (H + h_threads - 1) / h_threads;
   for (int64_t n0 = 0; n0 < host.num_nodes; n0 += tile) {
     const int64_t rows = std::min(tile, host.num_nodes - n0);
-    const T* z;
-    int z_ld = 0;  // z^T's row stride, or 0: z is [rows, Hz]
-    L* logits;
-    if (untiled) {
-      z = static_cast<const T*>(a.saved_hidden);
-      logits = reinterpret_cast<L*>(a.saved_logits);
-    } else if (recompute_on_chip) {  // z and d logits of the tile, the logits kept on chip
-      RETURN_IF_ERROR(fused::recompute(s, o, fused_tile(in, buf, n0, rows), a.lse, a.d_lattice,
-                                       buf.tile_z, Hz, buf.tile_logits, Vp, buf.tail_sums, stream));
-      logits = reinterpret_cast<L*>(buf.tile_logits);
-      z = buf.tile_z;
-    } else {  // recompute the tile (activation checkpointing), z transposed
-      // The GEMMs that run along the nodes take z_ld of them, a multiple of 8 (an unaligned count
-      // sends cuBLAS to far slower kernels); the padding nodes' z and logits are zero.
-      z_ld = round_up_to_8(static_cast<int>(rows));
-      if constexpr (sizeof(T) == sizeof(float)) {
-        hidden_t_shared_kernel<T>
-            <<<static_cast<unsigned>((z_ld + kTransposeTile - 1) / kTransposeTile),
-               dim3(kTransposeTile, kTransposeRows), 0, stream>>>(
-                n0, rows, encoder, predictor, buf.offsets, in.label_lengths, s.B, s.T, s.U1, H, Hz,
-                o.activation, z_ld, buf.tile_z);
-      } else {
-        hidden_t_kernel<T>
-            <<<static_cast<unsigned>((z_ld + kTransposeThreads - 1) / kTransposeThreads),
-               kTransposeThreads, 0, stream>>>(n0, rows, encoder, predictor, buf.offsets,
-                                               in.label_lengths, s.B, s.T, s.U1, H, Hz,
-                                               o.activation, z_ld, buf.tile_z);
-      }
-      logits = reinterpret_cast<L*>(buf.tile_logits);
-      RETURN_IF_ERROR(gemm_row_major(handle, true, true, z_ld, Vp, Hk, buf.tile_z, cuda_type<T>(),
-                                     z_ld, buf.kernel_t, cuda_type<T>(), Hk, 0.f, logits,
-                                     cuda_type<L>(), Vp, o.allow_tf32));
-      z = buf.tile_z;
-    }
-    // d logits over the logits when they share a dtype (the fused forward kept T logits).
-    T* d_logits = sizeof(L) == sizeof(T) || on_chip ? reinterpret_cast<T*>(logits) : buf.d_logits;
-    if (on_chip && untiled) {
-      logit_grads_kernel<T, T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
-          n0, rows, d_logits, buf.bias, in.labels, buf.offsets, in.label_lengths, s.B, s.T, s.U1, V,
-          Vp, permuted, o.blank, a.lse, a.d_lattice, d_logits);
-    } else if (!on_chip) {
-      logit_grads_kernel<L, T><<<grid_warps(rows), 32 * kWarps, 0, stream>>>(
-          n0, rows, logits, buf.bias, in.labels, buf.offsets, in.label_lengths, s.B, s.T, s.U1, V,
-          Vp, 0, o.blank, a.lse, a.d_lattice, d_logits);
-    }
+    TileGrads<T> g;
+    RETURN_IF_ERROR(path.tile_grads(c, a, n0, rows, &g));
     // [d kernel; d bias] += [z, 1]^T @ d logits (ordered over tiles). In 16-bit dtypes cuBLAS
-    // runs whole chunks of 128 columns far faster than a few more (rnnt_h200_fused.md,
-    // rnnt_h100_untiled.md; not in TF32): after the fused recompute with a tail, the columns up to
-    // V0 (it sums the tail's itself); otherwise the whole chunks, then the rest in a second GEMM.
+    // runs whole chunks of 128 columns far faster than a few more (not in TF32): after the fused
+    // recompute with a tail, the columns up to V0 (it sums the tail's itself); otherwise the
+    // whole chunks, then the rest in a second GEMM.
     const int whole = fused::permuted_columns(V);
     const int split = sizeof(T) == 2 && tail == 0 && whole > 0 && whole < V ? whole : 0;
     const auto d_kernel_gemm = [&](int c0, int c1) {
-      return gemm_row_major(handle, z_ld == 0, false, Hz, c1 - c0,
-                            z_ld ? z_ld : static_cast<int>(rows), z, cuda_type<T>(),
-                            z_ld ? z_ld : Hz, d_logits + c0, cuda_type<T>(), Vp, 1.f,
-                            buf.d_kernel + c0, CUDA_R_32F, Vp, o.allow_tf32);
+      return gemm_row_major(c.handle, g.z_ld == 0, false, Hz, c1 - c0,
+                            g.z_ld ? g.z_ld : static_cast<int>(rows), g.z, cuda_type<T>(),
+                            g.z_ld ? g.z_ld : Hz, g.d_logits + c0, cuda_type<T>(), Vp, 1.f,
+                            buf.d_kernel + c0, CUDA_R_32F, Vp, c.o.allow_tf32);
     };
     RETURN_IF_ERROR(d_kernel_gemm(0, tail > 0 ? V0 : split > 0 ? split : Vp));
     if (split > 0) RETURN_IF_ERROR(d_kernel_gemm(split, Vp));
     // d hidden = d logits @ Kp^T, over z's buffer (z is not needed any more).
-    T* d_hidden = untiled ? static_cast<T*>(a.saved_hidden) : buf.tile_z;
-    RETURN_IF_ERROR(gemm_row_major(handle, false, true, static_cast<int>(rows), Hk, Vp, d_logits,
-                                   cuda_type<T>(), Vp, buf.kernel, cuda_type<T>(), Vp, 0.f,
-                                   d_hidden, cuda_type<T>(), Hz, o.allow_tf32));
-    const TilePlan tp = plan_tile(n0, rows, host, s.B);
+    RETURN_IF_ERROR(gemm_row_major(c.handle, false, true, static_cast<int>(rows), Hk, Vp,
+                                   g.d_logits, cuda_type<T>(), Vp, buf.kernel, cuda_type<T>(), Vp,
+                                   0.f, g.d_hidden, cuda_type<T>(), Hz, c.o.allow_tf32));
+    const TilePlan tp = plan_tile(n0, rows, host, c.s.B);
     // Two 16-bit columns per 4-byte access where H allows it.
     constexpr int kPair = sizeof(T) == 2 ? 2 : 1;
     const bool paired = kPair == 2 && H % 2 == 0;
@@ -938,11 +318,12 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
     auto hidden_grads = paired ? hidden_grads_kernel<T, kPair> : hidden_grads_kernel<T, 1>;
     if (H > 0) {  // H = 0: d encoder and d predictor are empty (and a zero grid is invalid)
       hidden_grads<<<grid, 32 * kGradWarps, 0, stream>>>(
-          n0, rows, tp.span, d_hidden, encoder, predictor, buf.offsets, in.logit_lengths,
-          in.label_lengths, s.T, s.U1, H, Hz, o.activation, acc.d_encoder, buf.partials);
+          n0, rows, tp.span, g.d_hidden, c.encoder(), c.predictor(), buf.offsets,
+          c.in.logit_lengths, c.in.label_lengths, c.s.T, c.s.U1, H, Hz, c.o.activation,
+          acc.d_encoder, buf.partials);
       predictor_grad_kernel<<<dim3(static_cast<unsigned>(tp.label_pairs), h_slices), h_threads, 0,
-                              stream>>>(tp.span, buf.partials, in.logit_lengths, in.label_lengths,
-                                        s.U1, H, acc.d_predictor);
+                              stream>>>(tp.span, buf.partials, c.in.logit_lengths,
+                                        c.in.label_lengths, c.s.U1, H, acc.d_predictor);
     }
     RETURN_IF_ERROR(last_launch_status());
   }
@@ -956,21 +337,31 @@ Status accumulate_grads(const JointShape& s, const JointOptions& o, const JointB
   return last_launch_status();
 }
 
-template <typename T, typename L>
+template <typename T>
 Status backward(const JointShape& s, const JointOptions& o, const JointBackwardArgs& a,
                 cudaStream_t stream) {
+  const HostPlan& host = a.in.host;
   const bool untiled = a.saved_logits != nullptr;
-  const int64_t tile = untiled ? a.in.host.num_nodes : a.in.host.tile_nodes;
-  const JointBuffers<T> buf(a.workspace, s, o, tile, true, untiled);
+  const JointBuffers<T> buf(a.workspace, s, o, untiled ? host.num_nodes : host.tile_nodes, true,
+                            untiled);
   constexpr bool kFloat = std::is_same<T, float>::value;
   const GradAccumulators acc = kFloat ? GradAccumulators::of_outputs(a) : buf.acc;
-  RETURN_IF_ERROR((accumulate_grads<T, L>(s, o, a, buf, acc, stream)));
+  const GradSizes sizes(s);
+  float* const from[4] = {acc.d_encoder, acc.d_predictor, acc.d_kernel, acc.d_bias};
+  const int64_t count[4] = {sizes.encoder, sizes.predictor, sizes.kernel, sizes.bias};
+  for (int k = 0; k < 4; ++k) {  // zeroed, then accumulated
+    RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(from[k], 0, sizeof(float) * count[k], stream)));
+  }
+  if (host.num_nodes > 0) {
+    cublasHandle_t handle;
+    RETURN_IF_ERROR(cublas_handle_for(stream, &handle));
+    const Pass<T> c(s, o, a.in, buf, handle, stream);
+    RETURN_IF_ERROR(with_path<T>(
+        s, o, untiled, [&](const auto& path) { return accumulate_grads(c, path, a, acc); }));
+  }
   if (kFloat) return Status();
   // The gradients in T, from their float32 accumulators.
-  const GradSizes sizes(s);
-  const float* from[4] = {acc.d_encoder, acc.d_predictor, acc.d_kernel, acc.d_bias};
   void* to[4] = {a.d_encoder, a.d_predictor, a.d_kernel, a.d_bias};
-  const int64_t count[4] = {sizes.encoder, sizes.predictor, sizes.kernel, sizes.bias};
   for (int k = 0; k < 4; ++k) {
     if (count[k] == 0) continue;
     cast_kernel<T>
@@ -1010,28 +401,26 @@ Status copy_cuda(void* dst, const void* src, size_t bytes, GpuStream stream) {
                                      static_cast<cudaStream_t>(stream)));
 }
 
+// run(T()) for the dtype T.
+template <typename Run>
+Status dispatch_pass(const JointOptions& options, Run&& run) {
+  Status status;
+  dispatch_dtype_cuda(options.dtype, [&](auto tag) { status = run(tag); });
+  return status;
+}
+
 Status joint_forward_cuda(const JointShape& shape, const JointOptions& options,
                           const JointForwardArgs& args, GpuStream stream) {
-  Status status;
-  const auto s = static_cast<cudaStream_t>(stream);
-  dispatch_dtype_cuda(options.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    status = args.saved_logits != nullptr ? forward<T, float>(shape, options, args, s)
-                                          : forward<T, T>(shape, options, args, s);
+  return dispatch_pass(options, [&](auto t) {
+    return forward<decltype(t)>(shape, options, args, static_cast<cudaStream_t>(stream));
   });
-  return status;
 }
 
 Status joint_backward_cuda(const JointShape& shape, const JointOptions& options,
                            const JointBackwardArgs& args, GpuStream stream) {
-  Status status;
-  const auto s = static_cast<cudaStream_t>(stream);
-  dispatch_dtype_cuda(options.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    status = args.saved_logits != nullptr ? backward<T, float>(shape, options, args, s)
-                                          : backward<T, T>(shape, options, args, s);
+  return dispatch_pass(options, [&](auto t) {
+    return backward<decltype(t)>(shape, options, args, static_cast<cudaStream_t>(stream));
   });
-  return status;
 }
 
 }  // namespace tf_rnnt

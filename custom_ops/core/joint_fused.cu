@@ -1,7 +1,6 @@
 // The fused joint tile kernels' host side: which kernels run a joint on the current device, the
-// prepared output layer, and the launches (joint_fused.h).
-//   wgmma (joint_fused_sm90.cu): Hopper, sm_90a code; 128 nodes a block;
-//   mma.sync (joint_fused_sm80.cu): any GPU of compute capability 8.0 or higher; 64 nodes a block.
+// prepared output layer, and the launches (joint_fused.h). The kernels (joint_fused_sm90.cu) are
+// Hopper's, sm_90a code, 128 nodes a block.
 #include "joint_fused.h"
 
 #include "joint_fused_tile.cuh"
@@ -12,6 +11,9 @@ namespace fused {
 using namespace detail;
 
 namespace {
+
+// Nodes per tail-sum slot: a slot per 64 nodes, at least one per block of kWgmmaRows.
+constexpr int64_t kTailSlotRows = 64;
 
 int k_extent(const JointShape& s) { return round_up(s.H, kKBlock); }
 int vocab_extent(const JointShape& s) { return round_up(s.V, kChunk); }
@@ -51,9 +53,8 @@ Status dispatch_half(DType dtype, Fn&& fn) {
   return invalid("the fused joint kernels take float16 or bfloat16");
 }
 
-// The kernels that run this joint here, or why none does.
-const char* pick(const JointShape& s, const JointOptions& o, Kernels* kernels) {
-  *kernels = Kernels::kNone;
+// Why the fused kernels cannot run this joint here, or null when they can.
+const char* pick(const JointShape& s, const JointOptions& o) {
   if (o.dtype == DType::kFloat32) return "the fused joint kernels take float16 or bfloat16";
   if (s.H < 8 || s.H > kMaxH || s.H % 8 != 0) {
     return "the fused joint kernels need H, a multiple of 8, in [8, 640]";
@@ -66,27 +67,23 @@ const char* pick(const JointShape& s, const JointOptions& o, Kernels* kernels) {
           cudaSuccess) {
     return "the current CUDA device could not be queried";
   }
-  if (major < 8) return "the fused joint kernels need a GPU of compute capability 8.0 or higher";
-  const size_t shared = static_cast<size_t>(optin);
-#if TF_RNNT_FUSED_SM90A
-  if (o.kernel != JointKernel::kFusedMma && major == 9 && minor == 0 &&
-      shared >= wgmma_smem_bytes(s)) {
-    *kernels = Kernels::kWgmma;
-    return nullptr;
+  if (major != 9 || minor != 0) {
+    return "the fused joint kernels need a GPU of compute capability 9.0 (Hopper)";
   }
-#endif
-  if (shared < mma_smem_bytes(s)) {
+#if TF_RNNT_FUSED_SM90A
+  if (static_cast<size_t>(optin) < wgmma_smem_bytes(s)) {
     return "the fused joint kernels need more shared memory than this GPU offers a block";
   }
-  *kernels = Kernels::kMma;
   return nullptr;
+#else
+  return "this build of the library has no sm_90a code for the fused joint kernels";
+#endif
 }
 
 template <typename T, bool kRecompute>
 Status launch(const JointShape& s, const JointOptions& o, const Tile& tile, Params<T> p,
               cudaStream_t stream) {
-  Kernels kernels;
-  const char* why = pick(s, o, &kernels);
+  const char* why = pick(s, o);
   if (why) return invalid(why);
   if (tile.rows == 0) return Status();
   p.encoder = static_cast<const T*>(tile.encoder);
@@ -106,22 +103,12 @@ Status launch(const JointShape& s, const JointOptions& o, const Tile& tile, Para
   p.activation = o.activation;
   p.n0 = tile.n0;
   p.rows = tile.rows;
-  return kernels == Kernels::kWgmma ? launch_wgmma<T, kRecompute>(s, p, stream)
-                                    : launch_mma<T, kRecompute>(s, p, stream);
+  return launch_wgmma<T, kRecompute>(s, p, stream);
 }
 
 }  // namespace
 
-const char* unsupported_reason(const JointShape& s, const JointOptions& o) {
-  Kernels kernels;
-  return pick(s, o, &kernels);
-}
-
-Kernels kernels_for(const JointShape& s, const JointOptions& o) {
-  Kernels kernels;
-  pick(s, o, &kernels);
-  return kernels;
-}
+const char* unsupported_reason(const JointShape& s, const JointOptions& o) { return pick(s, o); }
 
 int64_t prepared_kernel_elements(const JointShape& s) {
   return static_cast<int64_t>(vocab_extent(s)) * k_extent(s);
@@ -140,19 +127,15 @@ int64_t wave_tile(const JointShape& s, const JointOptions& o, int64_t tile) {
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
     return tile;
   }
-  // The wgmma kernels hold one block an SM (their shared memory).
-  const Kernels kernels = kernels_for(s, o);
-  const int64_t per_sm = kernels == Kernels::kWgmma ? kWgmmaRows
-                         : kernels == Kernels::kMma ? int64_t{kMmaRows} * mma_blocks_per_sm(s)
-                                                    : 0;
-  const int64_t wave = sms * per_sm;
+  // The kernels hold one block an SM (their shared memory).
+  const int64_t wave = pick(s, o) == nullptr ? int64_t{sms} * kWgmmaRows : 0;
   return wave > 0 && tile >= wave ? tile / wave * wave : tile;
 }
 
 int64_t tail_sum_floats(const JointShape& s, int64_t tile) {
   const int columns = tail_columns(s);
   if (columns == 0) return 0;
-  return (tile + kMmaRows - 1) / kMmaRows * columns * (s.H + 1);
+  return (tile + kTailSlotRows - 1) / kTailSlotRows * columns * (s.H + 1);
 }
 
 Status prepare(const JointShape& s, const JointOptions& o, const void* kernel, const void* bias,

@@ -5,9 +5,8 @@
 //              joint values and the logits written too, for the untiled backward)
 //   recompute: d logits from the lattice gradients (the backward pass's tile), written with the
 //              joint values for the two backward GEMMs
-// Two implementations: Hopper's wgmma (sm_90a code) and mma.sync for compute capability 8.0 and
-// up (JointKernel::kFusedMma asks for these on Hopper too). joint_cuda.cu falls back to its cuBLAS
-// path where neither applies.
+// Hopper's wgmma kernels (sm_90a code, compute capability 9.0); joint_cuda.cu runs its cuBLAS
+// path where they do not apply.
 #ifndef TF_RNNT_JOINT_FUSED_H_
 #define TF_RNNT_JOINT_FUSED_H_
 
@@ -23,10 +22,6 @@ namespace fused {
 // Why the fused kernels cannot run this joint on the current device, or null when they can.
 const char* unsupported_reason(const JointShape& shape, const JointOptions& options);
 
-enum class Kernels { kNone, kWgmma, kMma };
-// The fused kernels that run this joint on the current device (options.kernel kFusedMma: mma.sync).
-Kernels kernels_for(const JointShape& shape, const JointOptions& options);
-
 // Elements of the prepared output layer (kernel transposed to [Vw, Hk], zero padded: dtype) and
 // of the padded bias ([Vw] float32, -inf padding).
 int64_t prepared_kernel_elements(const JointShape& shape);
@@ -35,15 +30,15 @@ int64_t prepared_bias_elements(const JointShape& shape);
 // Vocabulary columns past the last whole chunk of 128 when there are at most 8 of them (say a
 // blank appended to 2^k labels), else 0. The recompute sums their d kernel and d bias columns on
 // chip, so that the backward's d kernel GEMM can cover whole chunks: cuBLAS takes about 1.6x as
-// long for [648, 1032] as for [648, 1024] (benchmarks/results/rnnt_h200_fused.md).
+// long for [648, 1032] as for [648, 1024] (docs/design.md).
 int tail_columns(const JointShape& shape);
 // The backward's tile: the most nodes, up to `tile`, that fill whole waves of the recompute (as
 // many blocks as the SMs hold at once), or `tile` if it holds less than one wave. A tile of 4.5
 // waves takes as long as one of 5.
 int64_t wave_tile(const JointShape& shape, const JointOptions& options, int64_t tile);
 // Floats of those sums for tiles of at most `tile` nodes: [slots, tail_columns, H + 1], the last
-// of H + 1 being d bias; a slot per block of the recompute (of 64 or 128 nodes), zeros where no
-// block adds.
+// of H + 1 being d bias; a slot per 64 nodes (a block of the recompute adds to one), zeros where
+// no block adds.
 int64_t tail_sum_floats(const JointShape& shape, int64_t tile);
 
 // The output layer in the fused kernels' layout.

@@ -1,5 +1,5 @@
 // The fused joint tile kernels for Hopper (sm_90a): joint_fused.h says what they compute,
-// joint_fused_tile.cuh holds the layouts and epilogues they share with the mma.sync kernels.
+// joint_fused_tile.cuh holds their layouts and epilogues, sm90_ptx.cuh the PTX they use.
 //
 // A block takes kRows = 128 consecutive packed nodes: two consumer warpgroups and a producer
 // warpgroup, one thread of which issues the copies.
@@ -13,8 +13,8 @@
 //      the output layer prepared as one 16 KB image per (chunk, K block) step, already swizzled,
 //      which the producer streams in step order through kStages buffers with bulk copies
 //      (cp.async.bulk); a "full" mbarrier per (warpgroup, buffer) and an "empty" one per buffer
-//      pace it. So while one warpgroup runs a chunk's epilogue, the other's wgmmas keep the
-//      tensor cores busy, and the stream runs kStages steps ahead of both;
+//      pace it (sm90::TmaPipeline). So while one warpgroup runs a chunk's epilogue, the other's
+//      wgmmas keep the tensor cores busy, and the stream runs kStages steps ahead of both;
 //   3. an epilogue per chunk on the accumulators: the logits rounded to the input dtype (as the
 //      cuBLAS path's logits tile and a mixed-precision Dense layer), plus bias, then
 //        forward:   the online log-sum-exp (Milakov & Gimelshein 2018), one rescale per chunk
@@ -32,13 +32,15 @@
 #include <cuda_runtime.h>
 
 #include "joint_fused_tile.cuh"
-#include "wgmma_sm90.cuh"
+#include "sm90_ptx.cuh"
 
 namespace tf_rnnt {
 namespace fused {
 namespace detail {
 
 namespace {
+
+using namespace ::tf_rnnt::sm90;  // NOLINT: the PTX wrappers
 
 constexpr int kRows = kWgmmaRows;           // nodes per block
 constexpr int kStages = 4;                  // kernel buffers in flight
@@ -51,96 +53,28 @@ constexpr int kHalves = 2;  // wgmmas of 64 rows that cover a block's rows
 // The rows' encoder and predictor indices; once Z is formed, the forward's exchange of the two
 // warpgroups' log-sum-exp states (two floats a row).
 constexpr int kTableBytes = 2 * kRows * 4;
-constexpr int kBarrierBytes = 3 * kStages * 8;  // full per (warpgroup, buffer), empty per buffer
-constexpr int kAlign = 1024;                    // the swizzle pattern repeats every 1024 B
+// The kernel buffers' mbarriers: full per (warpgroup, buffer), empty per buffer.
+using Stages = TmaPipeline<kStages, 2>;
+constexpr int kBarrierBytes = Stages::kBarrierBytes;
+constexpr int kAlign = 1024;  // the swizzle pattern repeats every 1024 B
 static_assert(kMaxH * kRows * 2 == 160 * 1024, "Z of 128 x 640 16-bit values: 160 KB");
 
-// wgmma shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): K-major, 128-byte
-// swizzle, 8-row groups 1024 bytes apart (stride byte offset); the leading byte offset is unused
-// for this layout.
-__device__ __forceinline__ uint64_t matrix_descriptor(uint32_t address) {
-  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
-         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
-}
-
-// The same with both byte offsets `stride` and optionally no swizzle, for the tail sums' operands:
-// Z read MN-major (8-row groups 1024 bytes apart, the leading offset unused for 64 columns of
-// 16-bit values) and the d logits' unswizzled core matrices (128 bytes apart along K, one along N).
-__device__ __forceinline__ uint64_t strided_descriptor(uint32_t address, uint32_t stride,
-                                                       bool swizzle) {
-  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) | (uint64_t{stride >> 4} << 16) |
-         (uint64_t{stride >> 4} << 32) | (uint64_t{swizzle} << 62);
-}
-
-// mbarriers (PTX ISA, "Parallel Synchronization and Communication Instructions: mbarrier").
-__device__ __forceinline__ void mbarrier_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
-  asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar)
-               : "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-// Returns once the barrier's phase of the given parity has completed. (The retry loop stays inside
-// the asm: written as a C++ loop, it made ptxas serialize the wgmmas in flight across it.)
-__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n .reg .pred p;\n"
-      "wait:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      " @!p bra wait;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-// bytes from global to shared memory by the bulk copy engine, completing on mbarrier bar.
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes,
-                                          uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-}
-// Generic-proxy writes to shared memory made visible to the tensor cores.
-__device__ __forceinline__ void fence_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int n>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(n) : "memory");
-}
-// Keeps the compiler from moving accumulator accesses across the asynchronous wgmma.
-template <int n>
-__device__ __forceinline__ void fence_registers(float (&d)[n]) {
-#pragma unroll
-  for (int i = 0; i < n; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// A warpgroup's mainloop state: where the operands and the kernel buffers' mbarriers are.
-struct Pipeline {
+// A warpgroup's mainloop operands: Z and the kernel buffers.
+struct Operands {
   uint32_t a_address;       // Z
   uint32_t stages_address;  // the kStages kernel buffers
-  uint32_t full, empty;     // this warpgroup's full mbarriers and the empty ones, 8 bytes apart
   int kblocks;              // K blocks of 64
 };
 
 // One vocabulary chunk c of nw columns over the block's rows: per K block, wait until its buffer
 // is full, four k16 steps of two wgmmas (rows 0-63 and 64-127), and once the step before's
-// wgmmas are done, release that step's buffer; then the chunk's epilogue. phases: bit s holds
-// the parity this warpgroup waits for next on buffer s.
+// wgmmas are done, release that step's buffer; then the chunk's epilogue.
 template <typename T, bool kRecompute, bool kKeep, int nw, bool kTail>
-__device__ __forceinline__ void run_chunk(const Params<T>& p, const Pipeline& pipe, int c,
-                                          float (&acc)[kHalves][kChunk / 2], uint32_t& phases,
-                                          int lane, const RowInfo (&rows)[kHalves][2],
-                                          int64_t block_row0, int row0, RowState (&st)[kHalves],
+__device__ __forceinline__ void run_chunk(const Params<T>& p, const Operands& pipe, int c,
+                                          float (&acc)[kHalves][kChunk / 2],
+                                          Stages::Consumer& stages, int lane,
+                                          const RowInfo (&rows)[kHalves][2], int64_t block_row0,
+                                          int row0, RowState (&st)[kHalves],
                                           uint32_t (&tail_words)[kHalves][2][4]) {
   // The chunk's bias for the thread's columns (-inf past the chunk's width), loaded while the
   // wgmmas run.
@@ -164,8 +98,7 @@ __device__ __forceinline__ void run_chunk(const Params<T>& p, const Pipeline& pi
   const int step0 = c * pipe.kblocks;
   for (int kb = 0; kb < pipe.kblocks; ++kb) {
     const int step = step0 + kb, stage = step % kStages;
-    mbarrier_wait(pipe.full + 8 * stage, (phases >> stage) & 1u);
-    phases ^= 1u << stage;
+    stages.consumer_wait(stage);
     const uint32_t a_base = pipe.a_address + kb * (kRows * kRowBytes);
     const uint32_t b_base = pipe.stages_address + stage * kStageBytes;
     fence_registers(acc[0]);
@@ -183,12 +116,12 @@ __device__ __forceinline__ void run_chunk(const Params<T>& p, const Pipeline& pi
     wgmma_wait<1>();
     fence_registers(acc[0]);
     fence_registers(acc[1]);
-    if (kb > 0 && lane == 0) mbarrier_arrive(pipe.empty + 8 * ((step - 1) % kStages));
+    if (kb > 0 && lane == 0) stages.consumer_release((step - 1) % kStages);
   }
   wgmma_wait<0>();
   fence_registers(acc[0]);
   fence_registers(acc[1]);
-  if (lane == 0) mbarrier_arrive(pipe.empty + 8 * ((step0 + pipe.kblocks - 1) % kStages));
+  if (lane == 0) stages.consumer_release((step0 + pipe.kblocks - 1) % kStages);
 #pragma unroll
   for (int h = 0; h < kHalves; ++h) {
     const int rows0 = row0 + 64 * h;
@@ -222,7 +155,7 @@ __device__ __forceinline__ void store_block_rows(const Params<T>& p, const RowSt
   for (int h = 0; h < kHalves; ++h) m[h] = merge_quad(p, st[h], rows[h], lane);
   // Nothing holds a warpgroup with few or no chunks back (for V of at most kStages steps), so it
   // can get here before the other's row_info read the node table that `exchange` overwrites.
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
+  named_barrier_sync<kConsumersBarrier, kConsumers>();
   const bool quad_lead = (lane & 3) == 0;
   const auto slot = [&](int h, int half) { return exchange + 2 * (row0 + 64 * h + 8 * half); };
   if (warpgroup == 1 && quad_lead) {
@@ -235,7 +168,7 @@ __device__ __forceinline__ void store_block_rows(const Params<T>& p, const RowSt
       }
     }
   }
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
+  named_barrier_sync<kConsumersBarrier, kConsumers>();
   if (warpgroup == 0 && quad_lead) {
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) {
@@ -248,7 +181,7 @@ __device__ __forceinline__ void store_block_rows(const Params<T>& p, const RowSt
       }
     }
   }
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
+  named_barrier_sync<kConsumersBarrier, kConsumers>();
   if (!quad_lead) return;
 #pragma unroll
   for (int h = 0; h < kHalves; ++h) {
@@ -283,7 +216,7 @@ __device__ __forceinline__ void sum_tail_wgmma(const Params<T>& p,
                                                const uint8_t* z_tile, uint8_t* stages) {
   uint16_t* const d_tail = reinterpret_cast<uint16_t*>(stages);
   // Both warpgroups' wgmmas are done with the stage buffers.
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
+  named_barrier_sync<kConsumersBarrier, kConsumers>();
   if (holds_words && (lane & 3) == 0) {
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) {
@@ -301,7 +234,7 @@ __device__ __forceinline__ void sum_tail_wgmma(const Params<T>& p,
     }
   }
   fence_async_shared();
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory");
+  named_barrier_sync<kConsumersBarrier, kConsumers>();
   const int H1 = p.H + 1, kblocks = p.Hk / kKBlock, warp = (threadIdx.x >> 5) & 3;
   float* const slot = p.tail_sums + static_cast<int64_t>(blockIdx.x) * p.tail_width * H1;
   const uint32_t z_address = smem_address(z_tile), d_address = smem_address(d_tail);
@@ -348,22 +281,15 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
   uint8_t* const stages = z_tile + kblocks * kRows * kRowBytes;  // [kStages][kChunk][128 B]
   int32_t* const enc_row = reinterpret_cast<int32_t*>(stages + kStages * kStageBytes);
   int32_t* const pred_row = enc_row + kRows;
-  const uint32_t full = smem_address(pred_row + kRows), empty = full + 8 * 2 * kStages;
+  const Stages pipeline(smem_address(pred_row + kRows));
 
   const int tid = threadIdx.x, lane = tid & 31;
   const int64_t block_row0 = static_cast<int64_t>(blockIdx.x) * kRows;
   const int chunks = (p.V + kChunk - 1) / kChunk, steps = chunks * kblocks;
   const uint32_t stages_address = smem_address(stages);
 
-  if (tid == 0) {
-    for (int s = 0; s < 2 * kStages; ++s) {
-      mbarrier_init(full + 8 * s, 1);  // the producer's arrival and the copy's bytes
-    }
-    for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(empty + 8 * s, kConsumers / 64);  // one arrival per warp of the step's owner
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  // A release is one arrival per warp of the step's owner.
+  if (tid == 0) pipeline.init<kConsumers / 64>();
   node_rows<T, kRows>(p, block_row0, enc_row, pred_row);
   __syncthreads();
 
@@ -374,8 +300,7 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
   const auto issue = [&](int step) {
     const int stage = step % kStages, owner = (step / kblocks) & 1;
     const uint32_t bytes = step / kblocks == chunks - 1 ? tail * kRowBytes : kStageBytes;
-    const uint32_t bar = full + 8 * (owner * kStages + stage);
-    mbarrier_arrive_expect_tx(bar, bytes);
+    const uint32_t bar = pipeline.producer_commit(owner, stage, bytes);
     bulk_copy(stages_address + stage * kStageBytes,
               p.kernel_t + static_cast<int64_t>(step) * (kStageBytes / sizeof(T)), bytes, bar);
   };
@@ -393,17 +318,17 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
   __syncthreads();
 
   if (tid >= kConsumers) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
+    release_registers<kProducerRegisters>();
     // The producer: the other steps, each once its owner released the step kStages before.
     if (tid == kConsumers) {
       for (int step = kStages; step < steps; ++step) {
-        mbarrier_wait(empty + 8 * (step % kStages), (step / kStages - 1) & 1);
+        pipeline.producer_acquire(step);
         issue(step);
       }
     }
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
+  claim_registers<kConsumerRegisters>();
 
   // 2-3. The chunks: warpgroup w takes chunks w, w + 2, ...
   const int warpgroup = tid >> 7, warp = (tid >> 5) & 3;
@@ -420,15 +345,14 @@ __global__ void __launch_bounds__(kThreads, 1) joint_tile_kernel(const Params<T>
     init_row_state(&st[h]);
   }
   const int full_chunks = p.V / kChunk;
-  const Pipeline pipe{smem_address(z_tile), stages_address, full + 8 * kStages * warpgroup, empty,
-                      kblocks};
-  uint32_t phases = 0;
+  const Operands pipe{smem_address(z_tile), stages_address, kblocks};
+  Stages::Consumer stage_buffers = pipeline.consumer(warpgroup);
   float acc[kHalves][kChunk / 2];
   uint32_t tail_words[kHalves][2][4] = {};
   for (int c = warpgroup; c < chunks; c += 2) {
-#define TF_RNNT_RUN_CHUNK(nw, tail_chunk)                                                          \
-  run_chunk<T, kRecompute, kKeep, nw, tail_chunk>(p, pipe, c, acc, phases, lane, rows, block_row0, \
-                                                  row0, st, tail_words)
+#define TF_RNNT_RUN_CHUNK(nw, tail_chunk)                                                     \
+  run_chunk<T, kRecompute, kKeep, nw, tail_chunk>(p, pipe, c, acc, stage_buffers, lane, rows, \
+                                                  block_row0, row0, st, tail_words)
     if (c < full_chunks) {
       TF_RNNT_RUN_CHUNK(128, false);
     } else if (tail == 128) {

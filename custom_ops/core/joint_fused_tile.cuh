@@ -1,11 +1,11 @@
-// The device code both fused joint tile kernels share (joint_fused_sm90.cu: wgmma,
-// joint_fused_sm80.cu: mma.sync): the operand layouts, the per-row state, the forming of Z and
-// the epilogues on the accumulators, and the launchers' declarations.
+// The device code of the fused joint tile kernels (joint_fused_sm90.cu) that is not tied to the
+// wgmma pipeline: the operand layouts, the per-row state, the forming of Z and the epilogues on
+// the accumulators, and the launchers' declarations.
 //
 // Layouts. Z (the block's joint values) and each 16 KB image of the prepared output layer are
 // K-major with the 128-byte swizzle: 16-byte chunk c of 128-byte row r stored at chunk
 // c ^ (r mod 8), K blocks of 64 values kRows rows apart (Z) or one image per (chunk, K block) step
-// (the kernel). Both tensor-core instructions leave a warp's [16, 8 j] accumulators in one
+// (the kernel). wgmma leaves a warp's [16, 8 j] accumulators in the mma.sync
 // fragment layout: element 4 j + 2 half + e of a thread is row (half ? row0 + 8 : row0),
 // column 8 j + 2 (lane mod 4) + e, row0 = 16 warp + lane / 4; the epilogues work on that.
 #ifndef TF_RNNT_JOINT_FUSED_TILE_CUH_
@@ -402,101 +402,6 @@ __device__ __forceinline__ void form_z(const Params<T>& p, uint8_t* z_tile, cons
   }
 }
 
-// The recompute's sums of the tail columns (tail_columns) split the block's rows into
-// tail_groups(H) groups (rows g, g + groups, ...) of H / 8 threads, each thread a 16-byte chunk of
-// Z's rows: at most kThreads - 16 of the block's kThreads threads; the next kWidth threads sum
-// the d bias columns.
-template <int kRows, int kThreads>
-__host__ __device__ __forceinline__ int tail_groups(int H) {
-  const int groups = (kThreads - 16) / (H / 8);
-  return groups < kRows ? groups : kRows;
-}
-
-// tail_sums[block, j, h] += sum over the block's rows r of Z[r, h] d logits[r, V0 + j]
-// (Z[r, H] = 1: d bias), V0 the tail chunk's first column; per group in row order, then over the
-// groups in order. tail_words: the quad's lane 0 holds the d logits of columns V0 .. V0 + 7
-// (rounded to T, as the GEMMs read them) of its rows row0 and row0 + 8. Run by threads
-// [0, kThreads) of the block (named barrier 1); `scratch`, shared memory the kernel no longer
-// needs, holds those d logits and the groups' sums: 16 kRows bytes + at most 8 (kThreads - 16) x 8
-// floats (1 KB + 28 KB for 128 threads).
-template <typename T, int kWidth, int kRows, int kThreads>
-__device__ __forceinline__ void sum_tail_columns(const Params<T>& p,
-                                                 const uint32_t (&tail_words)[2][4], int lane,
-                                                 int row0, const uint8_t* z_tile,
-                                                 uint8_t* scratch) {
-  T* const d_tail = reinterpret_cast<T*>(scratch);  // [kRows][8]
-  float* const group_sums = reinterpret_cast<float*>(scratch + kRows * 8 * sizeof(T));
-  const int tid = threadIdx.x, H1 = p.H + 1, entries = kWidth * H1;
-  const int chunks = p.H / 8, groups = tail_groups<kRows, kThreads>(p.H);
-  float* const bias_sums = group_sums + groups * kWidth * p.H;
-  // This thread's entries of the block's slot: their old values load while the sums are formed.
-  constexpr int kPerThread = (kWidth * (kMaxH + 1) + kThreads - 1) / kThreads;
-  float* const slot = p.tail_sums + static_cast<int64_t>(blockIdx.x) * entries;
-  float old[kPerThread];
-#pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int e = tid + i * kThreads;
-    old[i] = e < entries ? slot[e] : 0.f;
-  }
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
-  if ((lane & 3) == 0) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const uint32_t (&w)[4] = tail_words[half];
-      *reinterpret_cast<uint4*>(d_tail + (row0 + 8 * half) * 8) =
-          make_uint4(w[0], w[1], w[2], w[3]);
-    }
-  }
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
-  if (tid < groups * chunks) {
-    const int g = tid / chunks, k = tid % chunks;
-    // Chunk k of a row: 16-byte chunk k mod 8 of K block k / 8.
-    const uint8_t* column = z_tile + (k / 8) * (kRows * kRowBytes);
-    float sum[kWidth][8];
-#pragma unroll
-    for (int j = 0; j < kWidth; ++j) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) sum[j][e] = 0.f;
-    }
-#pragma unroll 4
-    for (int r = g; r < kRows; r += groups) {
-      const uint4 bits = *reinterpret_cast<const uint4*>(column + swizzled(r, k % 8));
-      const T* z = reinterpret_cast<const T*>(&bits);
-#pragma unroll
-      for (int j = 0; j < kWidth; ++j) {
-        const float d = to_float(d_tail[r * 8 + j]);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) sum[j][e] = fmaf(to_float(z[e]), d, sum[j][e]);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kWidth; ++j) {
-      float4* out = reinterpret_cast<float4*>(group_sums + (g * kWidth + j) * p.H + 8 * k);
-      out[0] = make_float4(sum[j][0], sum[j][1], sum[j][2], sum[j][3]);
-      out[1] = make_float4(sum[j][4], sum[j][5], sum[j][6], sum[j][7]);
-    }
-  } else if (tid >= kThreads - 16 && tid < kThreads - 16 + kWidth) {
-    const int j = tid - (kThreads - 16);
-    float sum = 0.f;
-    for (int r = 0; r < kRows; ++r) sum += to_float(d_tail[r * 8 + j]);
-    bias_sums[j] = sum;
-  }
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
-#pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int e = tid + i * kThreads;
-    if (e >= entries) break;
-    const int j = e / H1, h = e % H1;
-    float sum = 0.f;
-    if (h < p.H) {
-      for (int g = 0; g < groups; ++g) sum += group_sums[(g * kWidth + j) * p.H + h];
-    } else {
-      sum = bias_sums[j];
-    }
-    slot[e] = old[i] + sum;
-  }
-}
-
 // Per row of the block: the encoder row b T_max + t and the predictor row b U1 + u of its node
 // (-1 past the tile), by threads [0, kRows).
 template <typename T, int kRows>
@@ -574,43 +479,6 @@ __device__ __forceinline__ RowState merge_quad(const Params<T>& p, const RowStat
   return m;
 }
 
-// lse and the two log-probabilities of the rows, from their merged state (merge_quad).
-template <typename T>
-__device__ __forceinline__ void store_forward_rows(const Params<T>& p, const RowState& m,
-                                                   const RowInfo (&rows)[2], int lane) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const RowInfo& r = rows[h];
-    if ((lane & 3) == 0 && r.valid) {
-      p.lse[r.node] = lse_value(m.lse[h]);
-      p.lattice[2 * r.padded] = log_softmax_at(m.blank[h], m.lse[h]);
-      if (r.label >= 0) p.lattice[2 * r.padded + 1] = log_softmax_at(m.label[h], m.lse[h]);
-    }
-  }
-}
-
-// The tail sums for the recompute's tail_width (1 to 8) columns (sum_tail_columns).
-template <typename T, int kRows, int kThreads>
-__device__ __forceinline__ void sum_tail(const Params<T>& p, const uint32_t (&tail_words)[2][4],
-                                         int lane, int row0, const uint8_t* z_tile,
-                                         uint8_t* scratch) {
-  switch (p.tail_width) {
-#define TF_RNNT_TAIL_SUMS(n)                                                             \
-  case n:                                                                                \
-    sum_tail_columns<T, n, kRows, kThreads>(p, tail_words, lane, row0, z_tile, scratch); \
-    break;
-    TF_RNNT_TAIL_SUMS(1)
-    TF_RNNT_TAIL_SUMS(2)
-    TF_RNNT_TAIL_SUMS(3)
-    TF_RNNT_TAIL_SUMS(4)
-    TF_RNNT_TAIL_SUMS(5)
-    TF_RNNT_TAIL_SUMS(6)
-    TF_RNNT_TAIL_SUMS(7)
-    TF_RNNT_TAIL_SUMS(8)
-#undef TF_RNNT_TAIL_SUMS
-  }
-}
-
 // A tile kernel over p.rows nodes, rows_per_block a block, with `bytes` of dynamic shared memory.
 template <typename Kernel, typename T>
 Status launch_tile_kernel(Kernel kernel, const Params<T>& p, int rows_per_block, int threads,
@@ -623,21 +491,14 @@ Status launch_tile_kernel(Kernel kernel, const Params<T>& p, int rows_per_block,
   return last_launch_status();
 }
 
-// The two kernels' launchers (p filled in but for nothing shape-dependent they own): forward
-// (kRecompute false; keeping Z and the logits where p.logits_out is set) or recompute over p.rows
-// nodes; the shared memory a block takes; nodes per
-// block; and blocks an SM holds. The wgmma ones need sm_90a code (TF_RNNT_FUSED_SM90A).
+// The kernels' launcher (p filled in but for nothing shape-dependent it owns): forward (kRecompute
+// false; keeping Z and the logits where p.logits_out is set) or recompute over p.rows nodes; the
+// shared memory a block takes; nodes per block (one block an SM). They need sm_90a code
+// (TF_RNNT_FUSED_SM90A).
 template <typename T, bool kRecompute>
 Status launch_wgmma(const JointShape& s, Params<T> p, cudaStream_t stream);
 size_t wgmma_smem_bytes(const JointShape& s);
 constexpr int kWgmmaRows = 128;
-
-template <typename T, bool kRecompute>
-Status launch_mma(const JointShape& s, Params<T> p, cudaStream_t stream);
-size_t mma_smem_bytes(const JointShape& s);
-constexpr int kMmaRows = 64;
-// Blocks of the mma.sync kernels an SM holds (0 if the device cannot be queried).
-int mma_blocks_per_sm(const JointShape& s);
 
 }  // namespace detail
 }  // namespace fused

@@ -168,35 +168,41 @@ Status lattice_loss_cuda(const float* lattice, const int32_t* logit_lengths,
   return last_launch_status();
 }
 
+namespace {
+
+// launch(tag, blocks, stream) over the B T U1 nodes (a warp each) in dtype's type (tag).
+template <typename Launch>
+Status launch_per_node(DType dtype, int64_t nodes, GpuStream stream, Launch&& launch) {
+  if (nodes == 0) return Status();
+  const int blocks = blocks_for(nodes, kWarpsPerBlock);
+  dispatch_dtype_cuda(dtype,
+                      [&](auto tag) { launch(tag, blocks, static_cast<cudaStream_t>(stream)); });
+  return last_launch_status();
+}
+
+}  // namespace
+
 Status logits_to_lattice_cuda(const void* logits, DType dtype, const int32_t* labels, int B, int T,
                               int U1, int V, int blank, float* lattice, float* lse,
                               GpuStream stream) {
   const int64_t nodes = static_cast<int64_t>(B) * T * U1;
-  if (nodes == 0) return Status();
-  auto s = static_cast<cudaStream_t>(stream);
-  const int blocks = blocks_for(nodes, kWarpsPerBlock);
-  dispatch_dtype_cuda(dtype, [&](auto tag) {
+  return launch_per_node(dtype, nodes, stream, [&](auto tag, int blocks, cudaStream_t s) {
     using Tv = decltype(tag);
     logits_to_lattice_kernel<Tv><<<blocks, 32 * kWarpsPerBlock, 0, s>>>(
         static_cast<const Tv*>(logits), labels, nodes, T * U1, U1, V, blank, lattice, lse);
   });
-  return last_launch_status();
 }
 
 Status logits_to_lattice_grad_cuda(const void* logits, DType dtype, const int32_t* labels, int B,
                                    int T, int U1, int V, int blank, const float* lse,
                                    const float* d_lattice, void* d_logits, GpuStream stream) {
   const int64_t nodes = static_cast<int64_t>(B) * T * U1;
-  if (nodes == 0) return Status();
-  auto s = static_cast<cudaStream_t>(stream);
-  const int blocks = blocks_for(nodes, kWarpsPerBlock);
-  dispatch_dtype_cuda(dtype, [&](auto tag) {
+  return launch_per_node(dtype, nodes, stream, [&](auto tag, int blocks, cudaStream_t s) {
     using Tv = decltype(tag);
     logits_to_lattice_grad_kernel<Tv><<<blocks, 32 * kWarpsPerBlock, 0, s>>>(
         static_cast<const Tv*>(logits), labels, nodes, T * U1, U1, V, blank, lse, d_lattice,
         static_cast<Tv*>(d_logits));
   });
-  return last_launch_status();
 }
 
 }  // namespace tf_rnnt

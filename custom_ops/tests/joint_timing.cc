@@ -4,7 +4,7 @@
 //
 //   build/tests/joint_timing [--B 32 --T 400 --U 128 --H 640 --V 1025] [--dtype bfloat16]
 //                            [--lengths full|ragged] [--reps 20] [--budget-mb 256]
-//                            [--kernels cublas,fused,fused-mma,untiled,untiled-fused]
+//                            [--kernels cublas,fused,untiled,untiled-fused]
 //
 // cuBLAS is loaded as in core_test ($TF_RNNT_CUBLAS, else the usual library names). The tile
 // size follows the op's GPU default: as many nodes as fit the memory budget (untiled: every node,
@@ -95,7 +95,7 @@ float median(std::vector<float> x) {
 int main(int argc, char** argv) {
   int B = 32, T = 400, U = 128, H = 640, V = 1025, reps = 20;
   int64_t budget_mb = 256;
-  std::string dtype_name = "bfloat16", lengths = "full", kernels = "cublas,fused,fused-mma";
+  std::string dtype_name = "bfloat16", lengths = "full", kernels = "cublas,fused";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--B")
@@ -185,9 +185,8 @@ int main(int argc, char** argv) {
     JointOptions o;
     o.blank = V - 1;
     o.dtype = dtype;
-    o.kernel = name == "fused" || name == "untiled-fused" ? JointKernel::kFused
-               : name == "fused-mma"                      ? JointKernel::kFusedMma
-                                                          : JointKernel::kCublas;
+    o.kernel =
+        name == "fused" || name == "untiled-fused" ? JointKernel::kFused : JointKernel::kCublas;
     const bool untiled = name == "untiled" || name == "untiled-fused";
     const int64_t per_node =
         (static_cast<int64_t>(joint_workspace_bytes_cuda(s, o, 2048, true, false)) -

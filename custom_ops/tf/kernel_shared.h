@@ -1,12 +1,11 @@
-// What the TensorFlow kernels (kernels.cc) and the XLA kernels (xla_ops.cc) share: the joint's
-// attributes and tile-size rule, its host plan, and the checks of blank, lengths and labels, so
-// both paths fail with the same messages.
+// What the TensorFlow kernels (kernels.cc) and the XLA kernels (xla_lowering.cc, xla_handlers.cc)
+// share: the joint's attributes, the shape checks, its host plan, and the checks of blank,
+// lengths and labels, so that every path fails with the same messages.
 #ifndef TF_RNNT_TF_KERNEL_SHARED_H_
 #define TF_RNNT_TF_KERNEL_SHARED_H_
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -15,11 +14,12 @@
 
 namespace tf_rnnt {
 
-// Bytes for one tile's workspace by default on the CPU: TensorFlow's CPU allocator keeps freed
-// blocks, and large tiles buy nothing on the CPU.
-constexpr int64_t kDefaultCpuMemoryBudget = 64LL << 20;
-// On the GPU: large tiles keep the tile GEMMs efficient.
-constexpr int64_t kDefaultGpuMemoryBudget = 256LL << 20;
+// The gpu_kernel attribute's value ("auto", "fused" or "cublas") as JointOptions::kernel.
+inline JointKernel joint_kernel_from_attr(const std::string& name) {
+  if (name == "fused") return JointKernel::kFused;
+  if (name == "cublas") return JointKernel::kCublas;
+  return JointKernel::kAuto;
+}
 
 // The attributes of TfRnntJointLattice and TfRnntJointLatticeGrad (ops.cc).
 struct JointAttrs {
@@ -29,46 +29,32 @@ struct JointAttrs {
   int64_t tile_nodes = 0;
   int64_t memory_budget = 0;
   bool allow_tf32 = true;
+  JointKernel kernel = JointKernel::kAuto;  // GPU only
 
   explicit JointAttrs(::tensorflow::OpKernelConstruction* ctx) {
-    std::string act;
+    std::string act, gpu_kernel;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("blank", &blank_attr));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("activation", &act));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("untiled", &untiled));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("tile_nodes", &tile_nodes));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("memory_budget", &memory_budget));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("allow_tf32", &allow_tf32));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("gpu_kernel", &gpu_kernel));
+    kernel = joint_kernel_from_attr(gpu_kernel);
     activation = act == "relu"       ? Activation::kRelu
                  : act == "identity" ? Activation::kIdentity
                                      : Activation::kTanh;
   }
+
+  // What the attributes ask of the tiles; `untiled` only where the kernel honours it.
+  JointTileRequest tile_request(bool honour_untiled) const {
+    JointTileRequest r;
+    r.tile_nodes = tile_nodes;
+    r.memory_budget = memory_budget;
+    r.untiled = honour_untiled && untiled;
+    return r;
+  }
 };
-
-// The GPU joint's kernel path (JointOptions::kernel) from TF_RNNT_JOINT_KERNEL: "cublas",
-// "fused" or "fused-mma" (an error where the fused kernels do not apply), else automatic. Read at
-// each call, so a process can compare the paths.
-inline JointKernel joint_kernel_from_env() {
-  const char* v = std::getenv("TF_RNNT_JOINT_KERNEL");
-  if (v && std::string(v) == "cublas") return JointKernel::kCublas;
-  if (v && std::string(v) == "fused") return JointKernel::kFused;
-  if (v && std::string(v) == "fused-mma") return JointKernel::kFusedMma;
-  return JointKernel::kAuto;
-}
-
-// Nodes per tile: tile_attr when set, else as many as fit budget_attr (default_budget when 0).
-// workspace_bytes(nodes): the backward workspace of a tile of that many nodes.
-template <typename WorkspaceBytes>
-int64_t joint_tile_nodes(int64_t num_nodes, int64_t tile_attr, int64_t budget_attr,
-                         int64_t default_budget, WorkspaceBytes workspace_bytes) {
-  if (num_nodes == 0) return 1;
-  if (tile_attr > 0) return std::min(tile_attr, num_nodes);
-  const int64_t budget = budget_attr > 0 ? budget_attr : default_budget;
-  // Marginal bytes per node (the workspace also holds tile-independent buffers).
-  const int64_t per_node =
-      (static_cast<int64_t>(workspace_bytes(2048)) - static_cast<int64_t>(workspace_bytes(1024))) /
-      1024;
-  return std::max<int64_t>(1, std::min(num_nodes, budget / std::max<int64_t>(per_node, 1)));
-}
 
 // The host plan of the packed nodes from host lengths; *offsets holds the node offsets it points
 // to. tile_nodes is left to the caller.
@@ -82,6 +68,90 @@ inline HostPlan host_plan(const int32_t* logit_lengths, const int32_t* label_len
   host.node_offsets = offsets->data();
   host.num_nodes = (*offsets)[B];
   return host;
+}
+
+// ------------------------------------------------------------------ shape checks
+// An input's dimensions (its rank is their count), for the shape checks below, which the graph
+// kernels run on their tensors, the XLA lowering on the static shapes and the XLA handlers on
+// their buffers: "" when the shapes are good, else the first problem.
+using Dims = std::vector<int64_t>;
+
+// As TensorShape::DebugString: "[2,3,4]".
+inline std::string shape_string(const Dims& d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? "," : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+// `name` must be a [B] vector; `what` follows the expected shape in the message.
+inline std::string batch_vector_error(const char* name, const Dims& d, int64_t B,
+                                      const char* what = " (the batch size)") {
+  if (d.size() == 1 && d[0] == B) return "";
+  return std::string(name) + " must have shape [" + std::to_string(B) + "]" + what + ", got " +
+         shape_string(d);
+}
+
+// TfRnntJointLattice and its gradient: encoder [B, T, H], predictor [B, U+1, H], kernel [H, V],
+// bias [V], labels [B, U], logit and label lengths [B].
+inline std::string joint_shapes_error(const Dims& enc, const Dims& pred, const Dims& kernel,
+                                      const Dims& bias, const Dims& labels,
+                                      const Dims& logit_lengths, const Dims& label_lengths) {
+  if (enc.size() != 3) return "encoder must have shape [B, T, H], got " + shape_string(enc);
+  const int64_t B = enc[0], H = enc[2];
+  if (pred.size() != 3 || pred[0] != B || pred[2] != H) {
+    return "predictor must have shape [" + std::to_string(B) + ", U+1, " + std::to_string(H) +
+           "] (batch and H of encoder " + shape_string(enc) + "), got " + shape_string(pred);
+  }
+  const int64_t U1 = pred[1];
+  if (U1 < 1) return "predictor must have U+1 >= 1 steps";
+  if (kernel.size() != 2 || kernel[0] != H) {
+    return "kernel must have shape [" + std::to_string(H) + ", V] (H of encoder " +
+           shape_string(enc) + "), got " + shape_string(kernel);
+  }
+  const int64_t V = kernel[1];
+  if (V < 1) return "kernel must have V >= 1 columns";
+  if (bias.size() != 1 || bias[0] != V) {
+    return "bias must have shape [" + std::to_string(V) + "] (V of kernel " + shape_string(kernel) +
+           "), got " + shape_string(bias);
+  }
+  if (labels.size() != 2 || labels[0] != B || labels[1] != U1 - 1) {
+    return "labels must have shape [" + std::to_string(B) + ", " + std::to_string(U1 - 1) +
+           "] ([B, U] for predictor " + shape_string(pred) + "), got " + shape_string(labels);
+  }
+  std::string error = batch_vector_error("logit_lengths", logit_lengths, B);
+  return error.empty() ? batch_vector_error("label_lengths", label_lengths, B) : error;
+}
+
+// TfRnntLatticeLoss: lattice [B, T, U+1, 2], logit and label lengths [B] (with unvalidated
+// lengths, also T >= 1 and U+1 >= 1 unless B = 0).
+inline std::string lattice_loss_shapes_error(const Dims& lattice, const Dims& logit_lengths,
+                                             const Dims& label_lengths, bool validated) {
+  if (lattice.size() != 4 || lattice[3] != 2) {
+    return "lattice must have shape [B, T, U+1, 2], got " + shape_string(lattice);
+  }
+  const int64_t B = lattice[0];
+  if (!validated && B != 0 && (lattice[1] < 1 || lattice[2] < 1)) {
+    return "lattice must have T >= 1 and U+1 >= 1, got " + shape_string(lattice);
+  }
+  std::string error = batch_vector_error("logit_lengths", logit_lengths, B);
+  return error.empty() ? batch_vector_error("label_lengths", label_lengths, B) : error;
+}
+
+// TfRnntLogitsToLattice: logits [B, T, U+1, V] with V >= 1, labels [B, U], and (validating)
+// label lengths [B].
+inline std::string logits_to_lattice_shapes_error(const Dims& logits, const Dims& labels,
+                                                  const Dims* label_lengths) {
+  if (logits.size() != 4) {
+    return "logits must have shape [B, T, U+1, V], got " + shape_string(logits);
+  }
+  const int64_t B = logits[0], U1 = logits[2];
+  if (labels.size() != 2 || labels[0] != B || labels[1] != U1 - 1) {
+    return "labels must have shape [" + std::to_string(B) + ", " + std::to_string(U1 - 1) +
+           "] ([B, U] for logits of shape " + shape_string(logits) + "), got " +
+           shape_string(labels);
+  }
+  if (logits[3] < 1) return "logits must have a non-empty vocabulary axis";
+  return label_lengths ? batch_vector_error("label_lengths", *label_lengths, B, "") : "";
 }
 
 // blank_attr (negative: counted from the end) as an index in [0, V); Context is an

@@ -65,15 +65,21 @@ DType core_dtype(DataType dt) {
   }
 }
 
-// logit_lengths in [1, T], label_lengths in [0, U], both [B].
+// The shapes of an op's inputs (kernel_shared.h's shape checks).
+Dims dims_of(const Tensor& t) {
+  const auto d = t.shape().dim_sizes();
+  return Dims(d.begin(), d.end());
+}
+
+// `error` (a shape check's result) as the op's failure; false when it is not empty.
+bool shapes_ok(OpKernelContext* ctx, const std::string& error) {
+  TF_RNNT_REQUIRE(ctx, error.empty(), false, InvalidArgument(error));
+  return true;
+}
+
+// logit_lengths in [1, T], label_lengths in [0, U], both [B] (shapes checked).
 bool validate_lengths(OpKernelContext* ctx, const Tensor& logit_lengths,
                       const Tensor& label_lengths, int64_t B, int64_t T, int64_t U1) {
-  TF_RNNT_REQUIRE(ctx, logit_lengths.dims() == 1 && logit_lengths.dim_size(0) == B, false,
-                  InvalidArgument("logit_lengths must have shape [", B, "] (the batch size), got ",
-                                  logit_lengths.shape().DebugString()));
-  TF_RNNT_REQUIRE(ctx, label_lengths.dims() == 1 && label_lengths.dim_size(0) == B, false,
-                  InvalidArgument("label_lengths must have shape [", B, "] (the batch size), got ",
-                                  label_lengths.shape().DebugString()));
   const std::string error = lengths_error(logit_lengths.flat<int32_t>().data(),
                                           label_lengths.flat<int32_t>().data(), B, T, U1 - 1);
   TF_RNNT_REQUIRE(ctx, error.empty(), false, InvalidArgument(error));
@@ -122,17 +128,13 @@ struct CoreFunctor;
     return joint_backward_##suffix(std::forward<A>(a)..., runner);         \
   }                                                                        \
   template <typename... A>                                                 \
-  static size_t joint_workspace_bytes(A&&... a) {                          \
-    return joint_workspace_bytes_##suffix(std::forward<A>(a)...);          \
-  }                                                                        \
-  template <typename... A>                                                 \
   static JointSavedSizes joint_saved_sizes(A&&... a) {                     \
     return joint_saved_sizes_##suffix(std::forward<A>(a)...);              \
   }
 
 template <>
 struct CoreFunctor<CpuDevice> {
-  static constexpr int64_t kDefaultMemoryBudget = kDefaultCpuMemoryBudget;
+  static constexpr bool kGpu = false;
   // The untiled backward only reads the kept joint values (JointBackwardArgs::saved_hidden).
   static constexpr bool kOverwritesSavedHidden = false;
 
@@ -168,8 +170,7 @@ struct CoreFunctor<CpuDevice> {
 #if TF_RNNT_WITH_CUDA
 template <>
 struct CoreFunctor<GpuDevice> {
-  // The GPU needs large tiles for efficient GEMMs.
-  static constexpr int64_t kDefaultMemoryBudget = kDefaultGpuMemoryBudget;
+  static constexpr bool kGpu = true;
   // The untiled backward writes d hidden over the kept joint values.
   static constexpr bool kOverwritesSavedHidden = true;
 
@@ -230,27 +231,17 @@ class LatticeLossOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     using namespace lattice_loss_in;  // NOLINT: the input names
     const Tensor& lattice = ctx->input(kLattice);
-    OP_REQUIRES(ctx, lattice.dims() == 4 && lattice.dim_size(3) == 2,
-                InvalidArgument("lattice must have shape [B, T, U+1, 2], got ",
-                                lattice.shape().DebugString()));
+    // Validated lengths are read from the host copies, else from the device inputs only.
+    const int logit_in = validate_ ? kLogitLengthsHost : kLogitLengths;
+    const int label_in = validate_ ? kLabelLengthsHost : kLabelLengths;
+    if (!shapes_ok(ctx, lattice_loss_shapes_error(dims_of(lattice), dims_of(ctx->input(logit_in)),
+                                                  dims_of(ctx->input(label_in)), validate_))) {
+      return;
+    }
     const int64_t B = lattice.dim_size(0), T = lattice.dim_size(1), U1 = lattice.dim_size(2);
-    if (validate_) {
-      if (!validate_lengths(ctx, ctx->input(kLogitLengthsHost), ctx->input(kLabelLengthsHost), B, T,
-                            U1)) {
-        return;
-      }
-    } else {
-      // Validated upstream: only the shapes (host metadata) are checked here. Lengths in
-      // [0, T] and [0, U] keep every read in bounds once T, U+1 >= 1.
-      OP_REQUIRES(ctx, B == 0 || (T >= 1 && U1 >= 1),
-                  InvalidArgument("lattice must have T >= 1 and U+1 >= 1, got ",
-                                  lattice.shape().DebugString()));
-      for (int i : {kLogitLengths, kLabelLengths}) {
-        OP_REQUIRES(ctx, ctx->input(i).dims() == 1 && ctx->input(i).dim_size(0) == B,
-                    InvalidArgument(i == kLogitLengths ? "logit_lengths" : "label_lengths",
-                                    " must have shape [", B, "] (the batch size), got ",
-                                    ctx->input(i).shape().DebugString()));
-      }
+    // Unvalidated lengths in [0, T] and [0, U] keep every read in bounds once T, U+1 >= 1.
+    if (validate_ && !validate_lengths(ctx, ctx->input(logit_in), ctx->input(label_in), B, T, U1)) {
+      return;
     }
     Tensor* costs = nullptr;
     Tensor* grads = nullptr;
@@ -293,23 +284,17 @@ class LogitsToLatticeOp : public OpKernel {
     using namespace logits_to_lattice_in;  // NOLINT: the input names
     const Tensor& logits = ctx->input(kLogits);
     const Tensor& labels = ctx->input(kLabels);
-    OP_REQUIRES(ctx, logits.dims() == 4,
-                InvalidArgument("logits must have shape [B, T, U+1, V], got ",
-                                logits.shape().DebugString()));
+    const Tensor& lengths = ctx->input(kLabelLengthsHost);
+    const Dims lengths_dims = dims_of(lengths);
+    if (!shapes_ok(ctx, logits_to_lattice_shapes_error(dims_of(logits), dims_of(labels),
+                                                       validate_ ? &lengths_dims : nullptr))) {
+      return;
+    }
     const int64_t B = logits.dim_size(0), T = logits.dim_size(1), U1 = logits.dim_size(2),
                   V = logits.dim_size(3);
-    OP_REQUIRES(ctx, labels.dims() == 2 && labels.dim_size(0) == B && labels.dim_size(1) == U1 - 1,
-                InvalidArgument("labels must have shape [", B, ", ", U1 - 1,
-                                "] ([B, U] for logits of shape ", logits.shape().DebugString(),
-                                "), got ", labels.shape().DebugString()));
-    OP_REQUIRES(ctx, V > 0, InvalidArgument("logits must have a non-empty vocabulary axis"));
     int blank;
     if (!normalize_blank(ctx, blank_attr_, V, &blank)) return;
     if (validate_) {
-      const Tensor& lengths = ctx->input(kLabelLengthsHost);
-      OP_REQUIRES(ctx, lengths.dims() == 1 && lengths.dim_size(0) == B,
-                  InvalidArgument("label_lengths must have shape [", B, "], got ",
-                                  lengths.shape().DebugString()));
       const std::string error =
           lengths_error(nullptr, lengths.flat<int32_t>().data(), B, T, U1 - 1);
       OP_REQUIRES(ctx, error.empty(), InvalidArgument(error));
@@ -383,30 +368,14 @@ struct JointPlan {
     const Tensor& kernel = ctx->input(joint_in::kKernel);
     const Tensor& bias = ctx->input(joint_in::kBias);
     const Tensor& labels = ctx->input(joint_in::kLabels);
-    TF_RNNT_REQUIRE(
-        ctx, enc.dims() == 3, false,
-        InvalidArgument("encoder must have shape [B, T, H], got ", enc.shape().DebugString()));
+    if (!shapes_ok(ctx,
+                   joint_shapes_error(dims_of(enc), dims_of(pred), dims_of(kernel), dims_of(bias),
+                                      dims_of(labels), dims_of(logit_lengths_host),
+                                      dims_of(label_lengths_host)))) {
+      return false;
+    }
     const int64_t B = enc.dim_size(0), T = enc.dim_size(1), H = enc.dim_size(2);
-    TF_RNNT_REQUIRE(ctx, pred.dims() == 3 && pred.dim_size(0) == B && pred.dim_size(2) == H, false,
-                    InvalidArgument("predictor must have shape [", B, ", U+1, ", H,
-                                    "] (batch and H of encoder ", enc.shape().DebugString(),
-                                    "), got ", pred.shape().DebugString()));
-    const int64_t U1 = pred.dim_size(1);
-    TF_RNNT_REQUIRE(ctx, U1 >= 1, false, InvalidArgument("predictor must have U+1 >= 1 steps"));
-    TF_RNNT_REQUIRE(
-        ctx, kernel.dims() == 2 && kernel.dim_size(0) == H, false,
-        InvalidArgument("kernel must have shape [", H, ", V] (H of encoder ",
-                        enc.shape().DebugString(), "), got ", kernel.shape().DebugString()));
-    const int64_t V = kernel.dim_size(1);
-    TF_RNNT_REQUIRE(ctx, V >= 1, false, InvalidArgument("kernel must have V >= 1 columns"));
-    TF_RNNT_REQUIRE(
-        ctx, bias.dims() == 1 && bias.dim_size(0) == V, false,
-        InvalidArgument("bias must have shape [", V, "] (V of kernel ",
-                        kernel.shape().DebugString(), "), got ", bias.shape().DebugString()));
-    TF_RNNT_REQUIRE(
-        ctx, labels.dims() == 2 && labels.dim_size(0) == B && labels.dim_size(1) == U1 - 1, false,
-        InvalidArgument("labels must have shape [", B, ", ", U1 - 1, "] ([B, U] for predictor ",
-                        pred.shape().DebugString(), "), got ", labels.shape().DebugString()));
+    const int64_t U1 = pred.dim_size(1), V = kernel.dim_size(1);
     if (!validate_lengths(ctx, logit_lengths_host, label_lengths_host, B, T, U1)) return false;
     shape.B = static_cast<int>(B);
     shape.T = static_cast<int>(T);
@@ -417,7 +386,7 @@ struct JointPlan {
     options.activation = attrs.activation;
     options.dtype = core_dtype(enc.dtype());
     options.allow_tf32 = attrs.allow_tf32;
-    options.kernel = joint_kernel_from_env();
+    options.kernel = attrs.kernel;
     in.host = host_plan(logit_lengths_host.flat<int32_t>().data(),
                         label_lengths_host.flat<int32_t>().data(), shape.B, &host_offsets);
     in.encoder = enc.tensor_data().data();
@@ -436,23 +405,19 @@ struct JointPlan {
 
   int64_t num_nodes() const { return in.host.num_nodes; }
 
-  // Tile size: every node untiled, else the attribute, else as many nodes as fit memory_budget.
-  int64_t tile_nodes(const JointAttrs& attrs) const {
-    if (attrs.untiled) return std::max<int64_t>(num_nodes(), 1);
-    return joint_tile_nodes(num_nodes(), attrs.tile_nodes, attrs.memory_budget,
-                            Core::kDefaultMemoryBudget, [&](int64_t nodes) {
-                              return Core::joint_workspace_bytes(shape, options, nodes, true,
-                                                                 false);
-                            });
-  }
-
   // Allocates the workspace, halving the tile while the allocation fails; sets in.host.tile_nodes.
   bool allocate_workspace(OpKernelContext* ctx, const JointAttrs& attrs, bool backward,
                           Tensor* workspace) {
-    int64_t tile = tile_nodes(attrs);
+    JointPassPlan plan;
+    const Status planned = plan_joint_pass(shape, options, num_nodes(), attrs.tile_request(true),
+                                           backward, Core::kGpu, &plan);
+    TF_RNNT_REQUIRE(ctx, planned.ok(), false, to_tf_status(planned, "joint_lattice"));
+    int64_t tile = plan.tile_nodes;
     for (;;) {
       const size_t bytes =
-          Core::joint_workspace_bytes(shape, options, tile, backward, attrs.untiled);
+          tile == plan.tile_nodes
+              ? plan.workspace_bytes
+              : joint_workspace_bytes(shape, options, tile, backward, attrs.untiled, Core::kGpu);
       // No retry: a failed allocation makes us halve the tile instead of waiting.
       ::tensorflow::AllocationAttributes no_retry(false, true, nullptr);
       const auto status = ctx->allocate_temp(

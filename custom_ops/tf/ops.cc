@@ -126,7 +126,8 @@ REGISTER_OP("TfRnntLogitsToLatticeGrad")
       .Attr("untiled: bool = false")                    \
       .Attr("tile_nodes: int = 0")                      \
       .Attr("memory_budget: int = 0")                   \
-      .Attr("allow_tf32: bool = true")
+      .Attr("allow_tf32: bool = true")                  \
+      .Attr("gpu_kernel: {'auto', 'fused', 'cublas'} = 'auto'")
 
 REGISTER_OP("TfRnntJointLattice")
     .TF_RNNT_JOINT_INPUTS
@@ -161,7 +162,12 @@ REGISTER_OP("TfRnntJointLattice")
       for (int i = 1; i < 4; ++i) c->set_output(i, c->Vector(c->UnknownDim()));
       return Status();
     })
-    .Doc("Fused joint + output layer + log-softmax picks, tile by tile (Flash RNN-T).");
+    .Doc(R"doc(Fused joint + output layer + log-softmax picks, tile by tile (Flash RNN-T).
+
+gpu_kernel: the GPU kernels of the joint: "fused" (Hopper's fused tile kernels; an error where
+  they do not apply), "cublas" (element-wise kernels around cuBLAS GEMMs) or "auto" (fused where
+  they apply). The CPU kernels ignore it. The gradient op takes the forward op's value.
+)doc");
 
 REGISTER_OP("TfRnntJointLatticeGrad")
     .TF_RNNT_JOINT_INPUTS

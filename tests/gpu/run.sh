@@ -70,10 +70,9 @@ for step in "$@"; do
           || { tail -20 "$OUT/core_build.log"; fail core; continue; }
       fi
       [[ -x build/tests/core_test ]] || { fail "core (no nvcc and no build/tests/core_test)"; continue; }
-      # On compute capability 8.0 and 9.0 (shared memory for every case's block) the fused tile
-      # kernels must run, not be skipped: the mma.sync ones, and on 9.0 the Hopper ones too.
+      # On compute capability 9.0 the fused tile kernels must run, not be skipped.
       cap=$(gpu0 nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1)
-      fused_required=0; [[ $cap == 8.0 || $cap == 9.0 ]] && fused_required=1
+      fused_required=0; [[ $cap == 9.0 ]] && fused_required=1
       TF_RNNT_CUBLAS=${TF_RNNT_CUBLAS:-$(cublas_path)} TF_RNNT_CORE_TEST_REQUIRE_GPU=1 \
         TF_RNNT_CORE_TEST_REQUIRE_FUSED=$fused_required \
         gpu0 build/tests/core_test > "$OUT/core_test.log" 2>&1 || fail core
@@ -120,22 +119,20 @@ for step in "$@"; do
             build/tests/core_test > "$log" 2>&1 || fail "sanitize core_test fused $tool"
           echo "compute-sanitizer $tool core_test fused: $(grep -E '^GPU:' "$log") $(grep -E 'ERROR SUMMARY' "$log" | tail -1)"
         done
-        # racecheck over every kernel, one fused kernel family at a time: with a kernel filter it
-        # stops at the fused launches ("Internal Sanitizer Error"). Only hazards in tf_rnnt's
-        # kernels count; cuBLAS's own GEMM kernels report some.
-        for family in wgmma mma; do
-          log="$OUT/sanitizer_core_test_fused_racecheck_$family.log"
-          TF_RNNT_CUBLAS=${TF_RNNT_CUBLAS:-$(cublas_path)} TF_RNNT_CORE_TEST_FUSED_ONLY=$family \
-            gpu0 compute-sanitizer --tool racecheck --print-limit 100000 build/tests/core_test \
-            > "$log" 2>&1 || fail "sanitize core_test fused racecheck $family"
-          # A hazard is two lines: "Race reported between ... access at <kernel>" and "and ...".
-          ours=$(awk '/Race reported/ {r = $0; next}
-            r != "" {if ((r $0) ~ /tf_rnnt/) n++; r = ""} END {print n + 0}' "$log")
-          others=$(grep -c 'Race reported' "$log")
-          grep -q 'Internal Sanitizer Error' "$log" && fail "racecheck $family: internal error"
-          [[ $ours == 0 ]] || fail "racecheck $family: hazards in tf_rnnt kernels"
-          echo "compute-sanitizer racecheck core_test $family: $(grep -E '^GPU:' "$log"); hazards in tf_rnnt kernels: $ours, in all kernels: $others"
-        done
+        # racecheck over every kernel, the fused cases alone: with a kernel filter it stops at the
+        # fused launches ("Internal Sanitizer Error"). Only hazards in tf_rnnt's kernels count;
+        # cuBLAS's own GEMM kernels report some.
+        log="$OUT/sanitizer_core_test_fused_racecheck.log"
+        TF_RNNT_CUBLAS=${TF_RNNT_CUBLAS:-$(cublas_path)} TF_RNNT_CORE_TEST_FUSED_ONLY=1 \
+          gpu0 compute-sanitizer --tool racecheck --print-limit 100000 build/tests/core_test \
+          > "$log" 2>&1 || fail "sanitize core_test fused racecheck"
+        # A hazard is two lines: "Race reported between ... access at <kernel>" and "and ...".
+        ours=$(awk '/Race reported/ {r = $0; next}
+          r != "" {if ((r $0) ~ /tf_rnnt/) n++; r = ""} END {print n + 0}' "$log")
+        others=$(grep -c 'Race reported' "$log")
+        grep -q 'Internal Sanitizer Error' "$log" && fail "racecheck: internal error"
+        [[ $ours == 0 ]] || fail "racecheck: hazards in tf_rnnt kernels"
+        echo "compute-sanitizer racecheck core_test fused: $(grep -E '^GPU:' "$log"); hazards in tf_rnnt kernels: $ours, in all kernels: $others"
       fi ;;
     bench)
       gpu0 "$PYTHON" benchmarks/bench_rnnt.py --suite all --out "$OUT/bench.md" 2>&1 \

@@ -366,26 +366,25 @@ def test_joint_lattice_half_precision(dtype, device):
         assert op_error <= 2 * ref_error + u, (channel, op_error, ref_error)
 
 
-# The GPU's fused tile kernels (16-bit dtypes; TF_RNNT_JOINT_KERNEL=fused: Hopper's wgmma kernels
-# on compute capability 9.0, "fused-mma": the mma.sync ones), in `mode` (untiled: the fused
+# The GPU's fused tile kernels (16-bit dtypes; gpu_kernel="fused": Hopper's wgmma kernels on
+# compute capability 9.0), in `mode` (untiled: the fused
 # forward keeps the joint values and rounded logits): the half precision criterion above against
 # the oracle, close to the tiled cuBLAS path (same rounding points), and bitwise the same run to
 # run. The paths round d logits to the dtype from float32 values a few float32 ulp apart (exp2
 # against expf), so a d logit can land one half-precision ulp away and the gradients differ by up
 # to 2 unit roundoffs.
-def _check_fused_kernels(problem, dtype, blank, options, tile_size, monkeypatch, fused_path,
-                         mode="tiled"):
+def _check_fused_kernels(problem, dtype, blank, options, tile_size, mode="tiled"):
     rounded = tuple(tf.cast(tf.cast(tf.constant(x, tf.float32), dtype), tf.float64).numpy()
                     for x in problem[:4]) + problem[4:]
     exact = oracle.flash_rnnt_loss(*rounded, blank, "tanh", **options)
     ref_costs, ref_grads = run_flash(_reference_flash, rounded, dtype=dtype, blank=blank,
                                      **options)
     runs = {}
+    fused_path = "fused"
     for path in ("cublas", fused_path, fused_path):
-        monkeypatch.setenv("TF_RNNT_JOINT_KERNEL", path)
         got = run_flash(tf_rnnt.flash_rnnt_loss, rounded, None, "/GPU:0", dtype=dtype,
                         blank=blank, mode="tiled" if path == "cublas" else mode,
-                        tile_size=tile_size, **options)
+                        tile_size=tile_size, gpu_kernel=path, **options)
         if path in runs:
             for a, b in zip([runs[path][0]] + runs[path][1], [got[0]] + got[1]):
                 np.testing.assert_array_equal(a, b, err_msg=f"{path}: a second run differs")
@@ -402,9 +401,6 @@ def _check_fused_kernels(problem, dtype, blank, options, tile_size, monkeypatch,
         assert _relative_error(fused, cublas) <= 2 * u, f"{name}: {fused_path} vs cuBLAS path"
 
 
-FUSED_PATHS = ["fused", "fused-mma"]
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("options", [dict(), dict(fastemit_lambda=0.01), dict(clamp=0.1)],
                          ids=["plain", "fastemit", "clamp"])
@@ -412,14 +408,12 @@ FUSED_PATHS = ["fused", "fused-mma"]
 @pytest.mark.parametrize("vocab", [131, 140])
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("mode", ["tiled", "untiled"])
-@pytest.mark.parametrize("fused_path", FUSED_PATHS)
-def test_flash_rnnt_loss_fused_kernels(fused_path, mode, dtype, vocab, blank, options,
-                                       monkeypatch):
+def test_flash_rnnt_loss_fused_kernels(mode, dtype, vocab, blank, options):
     # 600 nodes: several blocks of 128; V = 131 and 140: tails of 3 and 12 columns past the
     # chunks of 128 (chunk widths 8 and 16; the tiled recompute sums the first one's d kernel and
     # d bias columns itself).
     problem = _problem(15, (3, 20, 9, 16, vocab), blank=blank, ragged=False)
-    _check_fused_kernels(problem, dtype, blank, options, 200, monkeypatch, fused_path, mode)
+    _check_fused_kernels(problem, dtype, blank, options, 200, mode)
 
 
 # 24,800 nodes in tiles of up to 20,000: at least one wave of the fused recompute (a block of
@@ -427,10 +421,9 @@ def test_flash_rnnt_loss_fused_kernels(fused_path, mode, dtype, vocab, blank, op
 # waves.
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
-@pytest.mark.parametrize("fused_path", FUSED_PATHS)
-def test_flash_rnnt_loss_fused_kernels_waves(fused_path, dtype, monkeypatch):
+def test_flash_rnnt_loss_fused_kernels_waves(dtype):
     problem = _problem(16, (8, 100, 30, 16, 131), blank=-1, ragged=False)
-    _check_fused_kernels(problem, dtype, -1, {}, 20000, monkeypatch, fused_path)
+    _check_fused_kernels(problem, dtype, -1, {}, 20000)
 
 
 # ------------------------------------------------------------------------------ numerical gradient

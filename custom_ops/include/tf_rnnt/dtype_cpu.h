@@ -9,6 +9,18 @@
 
 namespace tf_rnnt {
 
+// A float's bits, and the float of given bits.
+inline uint32_t float_bits(float f) {
+  uint32_t x;
+  __builtin_memcpy(&x, &f, 4);
+  return x;
+}
+inline float bits_to_float(uint32_t bits) {
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+
 // Round-to-nearest-even conversions of the 16-bit float formats (dtype_cuda.cuh has the device
 // side, through cuda_fp16.h / cuda_bf16.h).
 inline float half_bits_to_float(uint16_t h) {
@@ -32,14 +44,11 @@ inline float half_bits_to_float(uint16_t h) {
   } else {
     bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
   }
-  float f;
-  __builtin_memcpy(&f, &bits, 4);
-  return f;
+  return bits_to_float(bits);
 }
 
 inline uint16_t float_to_half_bits(float f) {
-  uint32_t x;
-  __builtin_memcpy(&x, &f, 4);
+  uint32_t x = float_bits(f);
   const uint16_t sign = (x >> 16) & 0x8000u;
   const uint32_t abs = x & 0x7fffffffu;
   if (abs >= 0x7f800000u) return sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u);
@@ -63,14 +72,11 @@ inline uint16_t float_to_half_bits(float f) {
 
 inline float bf16_bits_to_float(uint16_t b) {
   const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  __builtin_memcpy(&f, &bits, 4);
-  return f;
+  return bits_to_float(bits);
 }
 
 inline uint16_t float_to_bf16_bits(float f) {
-  uint32_t x;
-  __builtin_memcpy(&x, &f, 4);
+  uint32_t x = float_bits(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // NaN
   x += 0x7fffu + ((x >> 16) & 1u);  // round to nearest even
   return static_cast<uint16_t>(x >> 16);

@@ -89,15 +89,14 @@ struct JointShape {
   int B = 0, T = 0, U1 = 0, H = 0, V = 0;
 };
 
-// How the GPU launchers run a tiled joint. kFused: the fused tile kernels (joint values formed on
-// chip, log-sum-exp and d logits in the GEMM's epilogue; 16-bit dtypes, H a multiple of 8 up to
-// 640, compute capability 8.0 or higher: Hopper's wgmma kernels on compute capability 9.0, the
-// mma.sync kernels elsewhere), or kInvalidArgument where they do not apply; kFusedMma: the
-// mma.sync kernels on any such GPU; kCublas: the cuBLAS path; kAuto: the Hopper kernels where
-// they apply (faster than the cuBLAS path on an H200, where the mma.sync ones are slower:
-// benchmarks/results), else the cuBLAS path. In untiled mode the fused forward also keeps the
-// joint values and the logits rounded to dtype for the backward. The CPU launchers ignore it.
-enum class JointKernel : int { kAuto = 0, kCublas = 1, kFused = 2, kFusedMma = 3 };
+// How the GPU launchers run a joint (the ops' gpu_kernel attribute). kFused: the fused tile
+// kernels (Hopper's wgmma kernels: joint values formed on chip, log-sum-exp and d logits in the
+// GEMM's epilogue; 16-bit dtypes, H a multiple of 8 up to 640, compute capability 9.0 and a build
+// with sm_90a code), or kInvalidArgument where they do not apply; kCublas: the cuBLAS path;
+// kAuto: the fused kernels where they apply, else the cuBLAS path. In untiled mode the fused
+// forward also keeps the joint values and the logits rounded to dtype for the backward. The CPU
+// launchers ignore it.
+enum class JointKernel : int { kAuto = 0, kCublas = 1, kFused = 2 };
 
 struct JointOptions {
   int blank = 0;  // in [0, V)
@@ -153,6 +152,38 @@ JointSavedSizes joint_saved_sizes_cpu(const JointShape& shape, const JointOption
                                       int64_t num_nodes);
 JointSavedSizes joint_saved_sizes_cuda(const JointShape& shape, const JointOptions& options,
                                        int64_t num_nodes);
+
+// ---------------------------------------------------------------- planning a joint pass
+// Bytes of one tile's workspace by default. CPU: large tiles buy nothing there (and TensorFlow's
+// CPU allocator keeps freed blocks); GPU: large tiles keep the tile GEMMs efficient.
+constexpr int64_t kDefaultCpuTileBudget = 64LL << 20;
+constexpr int64_t kDefaultGpuTileBudget = 256LL << 20;
+
+// What the caller asks of the tiles (the joint ops' attributes).
+struct JointTileRequest {
+  int64_t tile_nodes = 0;     // nodes per tile; 0: as many as fit memory_budget
+  int64_t memory_budget = 0;  // bytes of a tile's workspace; 0: the device's default
+  bool untiled = false;       // one tile of every node, the joint values and logits kept
+};
+
+struct JointPassPlan {
+  int64_t tile_nodes = 0;      // HostPlan::tile_nodes
+  size_t workspace_bytes = 0;  // the pass's workspace for tiles of that many nodes
+};
+
+// The workspace of a pass on the GPU (gpu) or the CPU: joint_workspace_bytes_{cuda,cpu}.
+size_t joint_workspace_bytes(const JointShape& shape, const JointOptions& options,
+                             int64_t tile_nodes, bool backward, bool untiled, bool gpu);
+
+// The one plan of a joint pass over num_nodes valid nodes that the TensorFlow and XLA kernels
+// share: kInvalidArgument for sizes the launchers do not take (negative, U1 or V below 1, more
+// nodes than B T U1), else the tile (untiled: every node; else request.tile_nodes, else as many
+// as fit the budget, by the backward workspace's bytes per node, so that both passes tile alike)
+// and the workspace. The tile never grows for fewer nodes: a plan with every node valid bounds
+// the workspace of every plan of the shape.
+Status plan_joint_pass(const JointShape& shape, const JointOptions& options, int64_t num_nodes,
+                       const JointTileRequest& request, bool backward, bool gpu,
+                       JointPassPlan* plan);
 
 struct JointForwardArgs {
   JointInputs in;

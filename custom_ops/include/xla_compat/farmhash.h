@@ -1,5 +1,6 @@
 // Declarations that TensorFlow's tsl/platform/fingerprint.h needs from farmhash.h, which the
-// TensorFlow wheel does not ship. Only xla_ops.cc sees this directory; it calls none of these.
+// TensorFlow wheel does not ship. Only the XLA glue (xla_lowering.cc, xla_handlers.cc) sees this
+// directory; it calls none of these.
 #ifndef TF_RNNT_XLA_COMPAT_FARMHASH_H_
 #define TF_RNNT_XLA_COMPAT_FARMHASH_H_
 
