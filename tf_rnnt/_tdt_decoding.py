@@ -22,11 +22,13 @@ decoding a stream chunk by chunk gives the same result as decoding it whole.
 import tensorflow as tf
 
 from tf_rnnt import _contract as contract
-from tf_rnnt import decoding as _decoding  # a module reference: decoding.py may import this one
 
 __all__ = ["tdt_beam_initial_state", "tdt_beam_search", "tdt_greedy_initial_state",
            "tdt_greedy_search"]
 
+# tf_rnnt.decoding.NO_TOKEN, the empty slots of token outputs (decoding.py re-exports this
+# module's functions, so this module does not import it).
+NO_TOKEN = -1
 _GREEDY_KEYS = ("predictor_out", "predictor_state", "last_token", "skip")
 _BEAM_KEYS = ("scores", "tokens", "lengths", "predictor_out", "predictor_state", "skip")
 
@@ -233,7 +235,7 @@ def tdt_greedy_search(encoder_out, encoder_lengths, state, joint_fn, predictor_s
         return (tf.where(active, t + advance, t), tf.where(active, new_count, count), state,
                 _keep_shapes(tokens, tokens_init))
 
-    tokens_init = tf.fill([batch, num_slots], _decoding.NO_TOKEN)
+    tokens_init = tf.fill([batch, num_slots], NO_TOKEN)
     static_frames = encoder_out.shape[1]
     tokens_init.set_shape([encoder_out.shape[0],
                            None if static_frames is None else static_frames * symbols])
@@ -292,27 +294,30 @@ def tdt_beam_search(encoder_out, encoder_lengths, state, joint_fn, predictor_ste
     there by every move: blank with each duration `d >= 1` (to `t + d`) and each label with each
     duration `d >= 0` (to `t + d`; `d = 0` stays at `t`, to be expanded again at the next step),
     scored `log P(token) + log P(duration)` from the joint. Hypotheses waiting at later frames
-    are kept as they are. Candidates with the same labels, arrival frame and number of labels
-    already emitted at that frame are merged, keeping the best score (the search is a Viterbi
-    beam search for the best single alignment, as `merge="max"` of `tf_rnnt.decoding`), and the
-    best `K` distinct candidates of the sample are kept. (NeMo's default TDT beam search works
-    frame by frame in the same way, one hypothesis at a time.)
+    are kept as they are. Candidates with the same labels and arrival frame are merged, keeping
+    the best score (a Viterbi beam search for the best single alignment, like `merge="max"` of
+    `tf_rnnt.decoding.beam_search`), and the best `K` of the sample are kept, whatever their
+    frames. NeMo's default TDT beam search also goes frame by frame with hypotheses waiting at
+    later frames, expanding one hypothesis at a time.
 
-    A hypothesis is complete once its arrival frame is at or past the end of the stream: the
+    A hypothesis is complete once its arrival frame is at or past the end of the stream. The
     alignments searched are the move sequences from frame 0 whose moves all start before
-    `encoder_lengths` (the last one may land past it), with at most `max_symbols_per_frame`
-    labels starting at any one frame. With a beam that never prunes, every kept hypothesis
-    holds the best score of its labels and arrival frame, and the best one is the best single
+    `encoder_lengths` (the last one may land past it) with at most `max_symbols_per_frame`
+    labels starting at any one frame. With a beam that never prunes, every kept hypothesis holds
+    the best score of its labels and arrival frame, and the best one is the best single
     alignment. A hypothesis arriving past the chunk's end waits there: its `skip` is the number
-    of frames of the next chunk it still covers.
+    of frames of the next chunk that its last move covers.
 
-    The searches of `K = 1` take the best move of the one hypothesis at each step, which need
-    not be the greedy search's move (greedy picks the best token and the best duration apart
-    and turns a blank's duration 0 into 1).
+    With `K = 1` the search takes the best allowed move at each step, which need not be the
+    greedy search's move (greedy picks the best token and the best duration apart, then turns
+    a blank's duration 0 into 1 and moves a label on after `max_symbols_per_frame`).
 
-    Merging: the best `K` distinct candidates are among the best `min(K * K, N)` of the `N`
-    candidates (a candidate and its duplicates come from different hypotheses), which are
-    compared pairwise; label sequences are compared through the hypotheses they extend.
+    Cost per step: one `joint_fn` and one `predictor_step` call on `B * K` rows, a top-k over
+    the `N = K * (1 + V * D)` candidates of a sample, and a pairwise comparison of the best
+    `M = min(K * K, N)`: a candidate's duplicates come from other hypotheses, so the best `K`
+    distinct ones are among them. Label sequences are compared through the hypotheses they
+    extend (`K * K` comparisons of the labels). A sample takes at most
+    `max_symbols_per_frame + 1` steps per frame.
 
     Args:
       encoder_out: `[B, T, H]` encoder frames.
@@ -342,7 +347,7 @@ def tdt_beam_search(encoder_out, encoder_lengths, state, joint_fn, predictor_ste
     minus_inf = float("-inf")
     # Room for max_symbols_per_frame more labels per frame; trimmed to the longest at the end.
     state["tokens"] = tf.pad(state["tokens"], [[0, 0], [0, 0], [0, num_frames * symbols]],
-                             constant_values=_decoding.NO_TOKEN)
+                             constant_values=NO_TOKEN)
     buffer_size = tf.shape(state["tokens"])[2]
     positions = tf.range(buffer_size)
 
@@ -396,7 +401,7 @@ def tdt_beam_search(encoder_out, encoder_lengths, state, joint_fn, predictor_ste
         pool_class = tf.argmax(tf.cast(same, tf.int32), axis=2, output_type=tf.int32)  # [B, K]
         last = tf.gather(tokens, tf.maximum(hyp_lengths - 1, 0), axis=2, batch_dims=2)
         head = tf.where(tf.range(width)[None, None, :] < (hyp_lengths - 1)[:, :, None], labels,
-                        _decoding.NO_TOKEN)
+                        NO_TOKEN)
         # extends[b, i, j]: hypothesis i's labels are hypothesis j's plus one label.
         extends = (tf.reduce_all(tf.equal(head[:, :, None, :], labels[:, None, :, :]), axis=3)
                    & (hyp_lengths > 0)[:, :, None])
@@ -409,9 +414,11 @@ def tdt_beam_search(encoder_out, encoder_lengths, state, joint_fn, predictor_ste
         source_class = tf.gather(pool_class, source, batch_dims=1)
         label_class = tf.where(emit, tf.where(held, holder_class,
                                               beam + source_class * vocab + label), source_class)
+        # The key is (labels, arrival frame): candidates arriving at one frame have emitted the
+        # same number of labels there (those of duration 0 arrive at t together, the others at
+        # later frames, and the frames before t are done), so the count needs no comparison.
         same_key = (tf.equal(label_class[:, :, None], label_class[:, None, :])
-                    & tf.equal(new_arrival[:, :, None], new_arrival[:, None, :])
-                    & tf.equal(new_count[:, :, None], new_count[:, None, :]))
+                    & tf.equal(new_arrival[:, :, None], new_arrival[:, None, :]))
         earlier = tf.range(shortlist)[:, None] < tf.range(shortlist)[None, :]
         duplicate = tf.reduce_any(same_key & earlier[None], axis=1)
         best, pick = tf.math.top_k(tf.where(duplicate, minus_inf, values), k=beam)

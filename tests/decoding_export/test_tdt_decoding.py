@@ -203,6 +203,7 @@ def test_greedy_covers_duration_zero_and_the_symbol_cap():
     tokens, _ = tdt.tdt_greedy_search(frames, [8], state, toy.joint_fn, toy.predictor_step,
                                       durations, max_symbols)
     np.testing.assert_array_equal(tokens[0], greedy_slots(emitted, 8, max_symbols))
+    assert tdt.NO_TOKEN == decoding.NO_TOKEN  # compact_tokens squeezes out tdt's empty slots
     compact = decoding.compact_tokens(tokens).numpy()[0]
     assert list(compact) == [token for _, _, token in emitted]
 
