@@ -73,7 +73,10 @@ def _split_logits(logits, num_durations, blank, owner):
     return token_logits, duration_logits, blank, vocab_size
 
 
-def _check_search_inputs(encoder_out, encoder_lengths, state, keys, owner):
+def _check_search_inputs(encoder_out, encoder_lengths, state, keys, owner, beam=False):
+    """Tensors of a search's inputs; ValueError on a wrong rank, missing state entries, or
+    statically known batch sizes (and beam sizes) that disagree. Batch sizes known only at run
+    time are checked then (InvalidArgumentError)."""
     encoder_out = tf.convert_to_tensor(encoder_out)
     if encoder_out.shape.rank is not None and encoder_out.shape.rank != 3:
         raise ValueError(f"{owner}: encoder_out must have shape [B, T, H], got "
@@ -83,12 +86,28 @@ def _check_search_inputs(encoder_out, encoder_lengths, state, keys, owner):
         raise ValueError(f"{owner}: state must be a dict with keys {', '.join(keys)} (from the "
                          f"initial-state function or the previous chunk), got "
                          f"{sorted(state) if isinstance(state, dict) else type(state).__name__}")
-    state = dict(state)
+    state = tf.nest.map_structure(tf.convert_to_tensor, {key: state[key] for key in keys})
+    leaves = list(zip(_paths(state), tf.nest.flatten(state)))
+    for path, leaf in leaves:
+        if leaf.shape.rank is not None and leaf.shape.rank < (2 if beam else 1):
+            raise ValueError(f"{owner}: state{path} must have shape "
+                             f"{'[B, K, ...]' if beam else '[B, ...]'}, got {leaf.shape}")
     dims = {"encoder_out": contract.static_dim(encoder_out, 0),
             "encoder_lengths": contract.static_dim(encoder_lengths, 0)}
-    for path, leaf in zip(_paths(state), tf.nest.flatten(state)):
-        dims[f"state{path}"] = contract.static_dim(tf.convert_to_tensor(leaf), 0)
+    dims.update((f"state{path}", contract.static_dim(leaf, 0)) for path, leaf in leaves)
     contract.check_same_dims(dims, "batch sizes", owner)
+    if beam:
+        contract.check_same_dims({f"state{path}": contract.static_dim(leaf, 1)
+                                  for path, leaf in leaves}, "beam sizes (axis 1)", owner)
+    if None in dims.values():
+        batch = tf.shape(encoder_out)[0]
+        sizes = [tf.shape(encoder_lengths)[0]] + [tf.shape(leaf)[0] for _, leaf in leaves]
+        check = tf.debugging.Assert(
+            tf.reduce_all(tf.equal(tf.stack(sizes), batch)),
+            [f"{owner}: encoder_out, encoder_lengths and every state tensor must have the same "
+             "batch size (axis 0); encoder_out's, then the others':", batch, tf.stack(sizes)])
+        with tf.control_dependencies([check]):
+            encoder_out = tf.identity(encoder_out)
     return encoder_out, encoder_lengths, state
 
 
@@ -337,7 +356,7 @@ def tdt_beam_search(encoder_out, encoder_lengths, state, joint_fn, predictor_ste
                                           maximum=2**20, allow_none=False)
     blank = contract.check_blank(blank, owner)
     encoder_out, encoder_lengths, state = _check_search_inputs(
-        encoder_out, encoder_lengths, state, _BEAM_KEYS, owner)
+        encoder_out, encoder_lengths, state, _BEAM_KEYS, owner, beam=True)
     num_durations = len(durations)
     batch = tf.shape(encoder_out)[0]
     num_frames = tf.shape(encoder_out)[1]

@@ -387,6 +387,17 @@ def test_arguments_are_checked_early():
     three = tdt.tdt_beam_initial_state(toy.predictor_step, toy.initial_predictor_state(3), 2)
     with pytest.raises(ValueError, match="batch sizes"):
         beam_search(state=three)
+    with pytest.raises(ValueError, match="beam sizes"):
+        beam_search(state=dict(beam, skip=tf.zeros([2, 3], tf.int32)))
+    # Batch sizes known only at run time are checked then.
+    search = tf.function(
+        lambda f, n, s: tdt.tdt_greedy_search(f, n, s, toy.joint_fn, toy.predictor_step,
+                                              [0, 1, 2]),
+        input_signature=[tf.TensorSpec([None, None, ENC_DIM]), tf.TensorSpec([None], tf.int32),
+                         GREEDY_SPEC])
+    three = tdt.tdt_greedy_initial_state(toy.predictor_step, toy.initial_predictor_state(3))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="same batch size"):
+        search(frames, lengths, three)
     for beam_size in (0, -2, 2.0, True, None):
         with pytest.raises(ValueError, match="beam_size"):
             tdt.tdt_beam_initial_state(toy.predictor_step, toy.initial_predictor_state(2),
