@@ -258,8 +258,10 @@ def tdt_greedy_search(encoder_out, encoder_lengths, state, joint_fn, predictor_s
     static_frames = encoder_out.shape[1]
     tokens_init.set_shape([encoder_out.shape[0],
                            None if static_frames is None else static_frames * symbols])
-    search_state = {key: state[key] for key in ("predictor_out", "predictor_state", "last_token")}
-    skip = tf.cast(state["skip"], tf.int32)
+    search_state = {"predictor_out": state["predictor_out"],
+                    "predictor_state": state["predictor_state"],
+                    "last_token": tf.cast(state["last_token"], tf.int32)}
+    skip = tf.maximum(tf.cast(state["skip"], tf.int32), 0)
     t, _, search_state, tokens = tf.while_loop(
         lambda t, *_: tf.reduce_any(t < lengths), body,
         (skip, tf.zeros_like(skip), search_state, tokens_init))
@@ -375,6 +377,7 @@ def tdt_beam_search(encoder_out, encoder_lengths, state, joint_fn, predictor_ste
         live = (scores > minus_inf) & (arrival < lengths[:, None])
         sample_active = tf.reduce_any(live, axis=1)
         t = tf.reduce_min(tf.where(live, arrival, tf.int32.max), axis=1)  # [B]
+        t = tf.where(sample_active, t, 0)
         expanding = live & tf.equal(arrival, t[:, None])
 
         frames = tf.gather(encoder_out,
@@ -470,7 +473,7 @@ def tdt_beam_search(encoder_out, encoder_lengths, state, joint_fn, predictor_ste
         return tf.reduce_any((pool["scores"] > minus_inf) & (arrival < lengths[:, None]))
 
     pool = {key: state[key] for key in _BEAM_KEYS if key != "skip"}
-    arrival = tf.cast(state["skip"], tf.int32)
+    arrival = tf.maximum(tf.cast(state["skip"], tf.int32), 0)
     arrival, _, pool = tf.while_loop(cond, body, (arrival, tf.zeros_like(arrival), pool))
     width = tf.reduce_max(tf.concat([tf.reshape(pool["lengths"], [-1]), [0]], 0))
     return dict(pool, tokens=pool["tokens"][:, :, :width],
