@@ -30,6 +30,13 @@ neural networks"): their probabilities are added (`merge="sum"`) or the better o
 
 import tensorflow as tf
 
+from tf_rnnt._tdt_decoding import (  # noqa: F401  (TDT searches, public here)
+    tdt_beam_initial_state,
+    tdt_beam_search,
+    tdt_greedy_initial_state,
+    tdt_greedy_search,
+)
+
 NO_TOKEN = -1  # empty slots in token outputs
 
 
