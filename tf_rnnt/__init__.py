@@ -6,7 +6,9 @@ Public API:
   samplewise_rnnt_loss: sample-wise RNN-T in pure TensorFlow.
   reference: the pure-TensorFlow oracle (full logits, autodiff).
   keras: FlashRNNTLoss, RNNTLoss and the RNNTJoint layer.
-  build_info, library_available: what the op library was built with; whether it loads.
+  decoding, export: transducer decoding (greedy, beam) and streaming export (SavedModel, TFLite).
+  build_info, library_available, xla_kernels_available: what the op library was built with;
+    whether it loads; whether it has XLA kernels for the visible devices.
 """
 
 import importlib
@@ -25,8 +27,9 @@ _LAZY = {
     "SecondOrderGradientError": "tf_rnnt._contract",
     "build_info": "tf_rnnt._loader",
     "library_available": "tf_rnnt.ops",
+    "xla_kernels_available": "tf_rnnt.ops",
 }
-_SUBMODULES = ("reference", "keras", "ops", "samplewise")
+_SUBMODULES = ("reference", "keras", "ops", "samplewise", "decoding", "export")
 
 __all__ = sorted(_LAZY) + list(_SUBMODULES)
 
