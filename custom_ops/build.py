@@ -217,7 +217,7 @@ def build(out, jobs, tests=False):
     if tests:
         return build_core_test(add, objects, jobs_list, jobs, cxx, core_flags, cuda_defs,
                                nvcc and cuda_home, include)
-    for f in ("ops.cc", "kernels.cc"):
+    for f in ("ops.cc", "kernels.cc", "check_op.cc"):
         add(
             os.path.join(SRC, "tf", f),
             lambda s, o: [cxx, *glue_flags, *cuda_defs, "-c", s, "-o", o],
@@ -227,8 +227,9 @@ def build(out, jobs, tests=False):
     if with_xla:
         xla_include = ["-I" + os.path.join(tf_include, "external", "highwayhash"),
                        "-I" + os.path.join(SRC, "include", "xla_compat")]
-        add(os.path.join(SRC, "tf", "xla_ops.cc"),
-            lambda s, o: [cxx, *glue_flags, *xla_include, *cuda_defs, "-c", s, "-o", o])
+        for f in ("xla_ops.cc", "check_xla.cc"):
+            add(os.path.join(SRC, "tf", f),
+                lambda s, o: [cxx, *glue_flags, *xla_include, *cuda_defs, "-c", s, "-o", o])
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         for future in [pool.submit(run, cmd) for cmd in jobs_list]:
