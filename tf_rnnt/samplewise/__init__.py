@@ -23,9 +23,12 @@ from tf_rnnt.samplewise.memory import (
 )
 
 __all__ = ["samplewise_rnnt_loss", "auto_parallel_iterations", "sample_working_set_bytes",
-           "DEFAULT_MEMORY_BUDGET", "PARALLEL_ITERATIONS_CHOICES"]
+           "DEFAULT_MEMORY_BUDGET", "PARALLEL_ITERATIONS_CHOICES", "MAX_PARALLEL_ITERATIONS"]
 
 _OWNER = "tf_rnnt.samplewise_rnnt_loss"
+#: The largest int parallel_iterations accepted: TensorFlow reserves memory per potential
+#: iteration of a while loop, and no batch this loop runs has more samples in flight.
+MAX_PARALLEL_ITERATIONS = 4096
 
 
 def samplewise_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths,
@@ -78,7 +81,9 @@ def samplewise_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths
       label_lengths: `[B]` int32/int64, valid labels per sample, in `[0, U]`.
       blank: blank index in `[-V, V)`; negative counts from the end.
       activation: "tanh", "relu" or "identity".
-      parallel_iterations: "auto" or a positive int.
+      parallel_iterations: "auto" or an int in [1, MAX_PARALLEL_ITERATIONS] (4096; larger
+        values raise ValueError, as TensorFlow reserves memory for every potential iteration).
+        An int above a statically known batch size is lowered to it.
       memory_budget: bytes for "auto"; None means `DEFAULT_MEMORY_BUDGET`.
       fastemit_lambda: FastEmit weight (>= 0): the gradient of the label log-probabilities is
         scaled by `1 + fastemit_lambda`; the cost is unchanged.
@@ -100,8 +105,8 @@ def samplewise_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths
             raise ValueError(f"{owner}: parallel_iterations must be 'auto' or a positive int, "
                              f"got {parallel_iterations!r}")
         parallel_iterations = contract.check_positive_int(
-            parallel_iterations, "parallel_iterations", owner, "samples", maximum=2**31 - 1,
-            allow_none=False)
+            parallel_iterations, "parallel_iterations", owner, "samples",
+            maximum=MAX_PARALLEL_ITERATIONS, allow_none=False)
     memory_budget = contract.check_positive_number(memory_budget, "memory_budget", owner,
                                                    "bytes")
     fastemit_lambda = contract.check_fastemit_lambda(fastemit_lambda, owner)
@@ -116,6 +121,9 @@ def samplewise_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths
         (("labels", labels), ("logit_lengths", logit_lengths), ("label_lengths", label_lengths)))
     contract.check_joint_dims(encoder, predictor, kernel, bias, labels, logit_lengths,
                               label_lengths, owner)
+    batch = contract.static_dim(encoder, 0)
+    if parallel_iterations != "auto" and batch is not None:
+        parallel_iterations = max(1, min(parallel_iterations, batch))
     config = (activation, parallel_iterations, memory_budget, fastemit_lambda)
     args = (encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths,
             tf.constant(blank, tf.int32))
