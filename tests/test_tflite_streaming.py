@@ -2,7 +2,7 @@
 
 A tiny random speech model (examples/speech, stateless and LSTM predictors) is exported both
 ways; the TFLite model must hold builtin ops only (no Flex) and, run in TensorFlow's TFLite
-interpreter chunk by chunk over held-out audio, give the same tokens and states as the
+interpreter (LiteRT's when installed) chunk by chunk over held-out audio, give the same tokens and states as the
 SavedModel's encode_chunk + decode_chunk.
 """
 
@@ -45,7 +45,7 @@ def held_out_features():
 
 
 def op_names(flatbuffer):
-    interpreter = tf.lite.Interpreter(model_content=flatbuffer)
+    interpreter = export.tflite_interpreter(flatbuffer)
     return {op["op_name"] for op in interpreter._get_ops_details()}
 
 
@@ -61,7 +61,7 @@ def test_tflite_streaming_step_equals_saved_model(predictor, tmp_path):
     assert not [op for op in ops if op.startswith("Flex") or op == "CUSTOM"], sorted(ops)
 
     saved = tf.saved_model.load(str(tmp_path / "saved_model")).signatures
-    runner = tf.lite.Interpreter(model_content=flatbuffer).get_signature_runner()
+    runner = export.tflite_interpreter(flatbuffer).get_signature_runner()
     features = held_out_features()
     state = saved["initial_state"](batch_size=tf.constant(1))
     saved_enc, saved_dec = state["encoder_state"], state["decoder_state"]

@@ -97,6 +97,17 @@ class _TransducerLoss(keras.losses.Loss):
         self.fastemit_lambda = contract.check_fastemit_lambda(fastemit_lambda, owner)
         self.clamp = contract.check_clamp(clamp, owner)
 
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        self._check_targets(y_true)  # before Keras' own conversion fails on None
+        return super().__call__(y_true, y_pred, sample_weight)
+
+    def _check_targets(self, y_true):
+        if y_true is None:
+            raise ValueError(
+                f"{type(self).__name__}: no targets (y_true is None). Pass the padded labels as "
+                f"the targets too, e.g. model.fit([features, ..., labels], labels): the loss "
+                f"reads the label lengths from them.")
+
     def _normalize(self, costs, label_lengths):
         if not self.per_token:
             return costs
@@ -173,6 +184,7 @@ class FlashRNNTLoss(_TransducerLoss):
 
     def call(self, y_true, y_pred):
         owner = type(self).__name__
+        self._check_targets(y_true)
         self._check_layer_settings(getattr(y_pred, "_tf_rnnt_joint_settings", None))
         lattice = tf.convert_to_tensor(y_pred)
         check_rank(lattice, 4, "y_pred", owner, "the [B, T, U+1, 2] lattice from RNNTJoint")
@@ -307,6 +319,7 @@ class RNNTLoss(_TransducerLoss):
 
     def _costs(self, y_true, y_pred, frame_mask):
         owner = type(self).__name__
+        self._check_targets(y_true)
         logits = tf.convert_to_tensor(y_pred)
         check_rank(logits, 4, "y_pred", owner, "[B, T, U+1, V] logits")
         vocab_size = contract.static_dim(logits, 3)
