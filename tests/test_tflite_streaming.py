@@ -1,9 +1,9 @@
 """The TFLite streaming step of `tf_rnnt.export` against the SavedModel's streaming signatures.
 
 A tiny random speech model (examples/speech, stateless and LSTM predictors) is exported both
-ways; the TFLite model must hold builtin ops only (no Flex) and, run in TensorFlow's TFLite
-interpreter (LiteRT's when installed) chunk by chunk over held-out audio, give the same tokens and states as the
-SavedModel's encode_chunk + decode_chunk.
+ways; the TFLite model must hold builtin ops only (no Flex) and, run in a TFLite interpreter
+(LiteRT's when installed, else TensorFlow's) chunk by chunk over held-out audio, give the same
+tokens and states as the SavedModel's encode_chunk + decode_chunk.
 """
 
 import os

@@ -375,14 +375,14 @@ def convert_streaming_step_to_tflite(transcriber, chunk_features, batch_size=1, 
     return converter.convert()
 
 
-def tflite_interpreter(model_content):
+def tflite_interpreter(model_content=None, model_path=None, **kwargs):
     """A TFLite interpreter: LiteRT's (`ai_edge_litert`) when installed, else
-    `tf.lite.Interpreter` (deprecated in TensorFlow 2.21)."""
+    `tf.lite.Interpreter` (deprecated in TensorFlow 2.21). Arguments as the interpreter's."""
     try:
         from ai_edge_litert.interpreter import Interpreter
     except ImportError:
         Interpreter = tf.lite.Interpreter
-    return Interpreter(model_content=model_content)
+    return Interpreter(model_content=model_content, model_path=model_path, **kwargs)
 
 
 def tflite_step_runner(flatbuffer):
