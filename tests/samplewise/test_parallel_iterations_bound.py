@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import oracle
 import pytest
+import tensorflow as tf
 
 import tf_rnnt
 from tf_rnnt.samplewise import MAX_PARALLEL_ITERATIONS
@@ -54,3 +55,14 @@ def test_above_the_maximum_is_rejected_with_the_bound():
     p = _problem()
     with pytest.raises(ValueError, match=r"parallel_iterations.*4096"):
         tf_rnnt.samplewise_rnnt_loss(**p, parallel_iterations=MAX_PARALLEL_ITERATIONS + 1)
+
+
+def test_a_value_above_the_static_batch_is_lowered_to_it():
+    p = {k: tf.constant(v) for k, v in _problem().items()}
+    concrete = tf.function(lambda: tf_rnnt.samplewise_rnnt_loss(
+        **p, parallel_iterations=MAX_PARALLEL_ITERATIONS)).get_concrete_function()
+    graph_def = concrete.graph.as_graph_def()
+    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+    loops = [n.attr["parallel_iterations"].i for n in nodes
+             if n.op in ("While", "StatelessWhile") and "samplewise_batch_loop" in n.name]
+    assert loops == [2]  # the batch
