@@ -110,8 +110,7 @@ def main():
         export.export_saved_model(transcriber, os.path.join(tmp, "saved_model"))
         signatures = tf.saved_model.load(os.path.join(tmp, "saved_model")).signatures
         flatbuffer = export.convert_streaming_step_to_tflite(transcriber, args.chunk)
-        runner = tf.lite.Interpreter(model_content=flatbuffer, num_threads=1)\
-            .get_signature_runner()
+        runner = export.tflite_interpreter(flatbuffer, num_threads=1).get_signature_runner()
         stream_saved_model(signatures, audio, args.chunk)  # warm-up (tracing, allocation)
         saved_seconds, saved_tokens = best_time(
             lambda: stream_saved_model(signatures, audio, args.chunk), args.repeats)

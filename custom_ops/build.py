@@ -219,7 +219,7 @@ def build(out, jobs, tests=False):
     if tests:
         return build_core_test(add, objects, jobs_list, jobs, cxx, core_flags, cuda_defs,
                                nvcc and cuda_home, include)
-    for f in ("ops.cc", "kernels.cc", "tdt_ops.cc"):
+    for f in ("ops.cc", "kernels.cc", "tdt_ops.cc", "check_op.cc"):
         add(
             os.path.join(SRC, "tf", f),
             lambda s, o: [cxx, *glue_flags, *cuda_defs, "-c", s, "-o", o],
@@ -229,7 +229,7 @@ def build(out, jobs, tests=False):
     if with_xla:
         xla_include = ["-I" + os.path.join(tf_include, "external", "highwayhash"),
                        "-I" + os.path.join(SRC, "include", "xla_compat")]
-        for f in ("xla_lowering.cc", "xla_handlers.cc", "tdt_xla.cc"):
+        for f in ("xla_lowering.cc", "xla_handlers.cc", "tdt_xla.cc", "check_xla.cc"):
             add(os.path.join(SRC, "tf", f),
                 lambda s, o: [cxx, *glue_flags, *xla_include, *cuda_defs, "-c", s, "-o", o])
 

@@ -7,7 +7,9 @@ Public API:
   tdt_loss, tdt_lattice_loss: the compiled TDT (Token-and-Duration Transducer) loss.
   reference: the pure-TensorFlow oracle (full logits, autodiff).
   keras: FlashRNNTLoss, RNNTLoss and the RNNTJoint layer.
-  build_info, library_available: what the op library was built with; whether it loads.
+  decoding, export: transducer decoding (greedy, beam) and streaming export (SavedModel, TFLite).
+  build_info, library_available, xla_kernels_available: what the op library was built with;
+    whether it loads; whether it has XLA kernels for the visible devices.
 """
 
 import importlib
@@ -28,8 +30,9 @@ _LAZY = {
     "SecondOrderGradientError": "tf_rnnt._contract",
     "build_info": "tf_rnnt._loader",
     "library_available": "tf_rnnt.ops",
+    "xla_kernels_available": "tf_rnnt.ops",
 }
-_SUBMODULES = ("reference", "keras", "ops", "samplewise", "tdt")
+_SUBMODULES = ("reference", "keras", "ops", "samplewise", "tdt", "decoding", "export")
 
 __all__ = sorted(_LAZY) + list(_SUBMODULES)
 

@@ -19,7 +19,7 @@ _GPU_FIX = ("For GPU kernels install a tf_rnnt wheel built with CUDA, or rebuild
             "nvcc on PATH (or CUDA_HOME set): `pip install --no-build-isolation .`.")
 # Ops whose GPU kernels a CUDA build registers.
 OPS = ("TfRnntLatticeLoss", "TfRnntLogitsToLattice", "TfRnntLogitsToLatticeGrad",
-       "TfRnntJointLattice", "TfRnntJointLatticeGrad", "TfRnntTdtLatticeLoss")
+       "TfRnntJointLattice", "TfRnntJointLatticeGrad", "TfRnntTdtLatticeLoss", "TfRnntCheck")
 
 
 class OpLibraryError(ImportError):

@@ -62,6 +62,51 @@ def _batch_size(nest):
     return tf.shape(tf.nest.flatten(nest)[0])[0]
 
 
+def _check_int(value, name, minimum):
+    """A Python int argument >= minimum, else ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"tf_rnnt.decoding: {name} must be an int >= {minimum}, got {value!r}.")
+    return value
+
+
+def _check_blank(blank, vocab_size=None):
+    """`blank` as a Python int; a negative one counts from the end of V, so it needs V here."""
+    if isinstance(blank, bool) or not isinstance(blank, int):
+        raise ValueError(f"tf_rnnt.decoding: blank must be an int, got {blank!r}.")
+    if vocab_size is not None:
+        if not -vocab_size <= blank < vocab_size:
+            raise ValueError(f"tf_rnnt.decoding: blank={blank} is outside [-V, V) for "
+                             f"V={vocab_size}.")
+        return blank % vocab_size
+    if blank < 0:
+        raise ValueError(f"tf_rnnt.decoding: blank={blank} counts from the end of the "
+                         f"vocabulary, so pass vocab_size=V (or give the blank as V + {blank}).")
+    return blank
+
+
+def _blank_id(blank, vocab):
+    """The blank id in [0, V) for a Python int blank (negative: from the end) and V (tensor)."""
+    return blank if blank >= 0 else vocab + blank
+
+
+def _checked_state(encoder_out, state, argument):
+    """`encoder_out` once the batch of every tensor of `state` matches it (run time; a state of
+    another batch would otherwise be broadcast or misread)."""
+    batch = tf.shape(encoder_out)[0]
+    checks = []
+    for x in tf.nest.flatten(state):
+        static = x.shape[:1].num_elements() if x.shape.rank else None
+        if static is not None and encoder_out.shape[0] is not None and \
+                static != encoder_out.shape[0]:
+            raise ValueError(f"tf_rnnt.decoding: `{argument}` holds a batch of {static}, "
+                             f"`encoder_out` a batch of {encoder_out.shape[0]}.")
+        checks.append(tf.debugging.assert_equal(
+            tf.shape(x)[0], batch, message=f"tf_rnnt.decoding: the batch of `{argument}` "
+            f"differs from the batch of `encoder_out`"))
+    with tf.control_dependencies(checks):
+        return tf.identity(encoder_out)
+
+
 def _select(condition, new, old):
     """`where(condition[b], new, old)` for every tensor of two nests of `[B, ...]` tensors."""
 
@@ -76,17 +121,20 @@ def _select(condition, new, old):
 # ----------------------------------------------------------------------------------------------
 # Greedy search.
 # ----------------------------------------------------------------------------------------------
-def greedy_initial_state(predictor_step, predictor_state, blank=0):
+def greedy_initial_state(predictor_step, predictor_state, blank=0, vocab_size=None):
     """The greedy search's state at the start of a stream.
 
     Args:
       predictor_step: see the module docstring.
       predictor_state: the predictor's initial state, a nest of `[B, ...]` tensors.
-      blank: the blank id, also the start symbol.
+      blank: the blank id, also the start symbol; negative counts from the end of V (then
+        `vocab_size` is needed).
+      vocab_size: V, or None.
 
     Returns:
       `{"predictor_out": [B, P], "predictor_state": nest}`: the predictor after the start symbol.
     """
+    blank = _check_blank(blank, vocab_size)
     out, state = predictor_step(tf.fill([_batch_size(predictor_state)], blank), predictor_state)
     return {"predictor_out": out, "predictor_state": state}
 
@@ -105,18 +153,19 @@ def greedy_search(encoder_out, encoder_lengths, state, joint_fn, predictor_step,
       encoder_lengths: `[B]` int, valid frames per sample.
       state: from `greedy_initial_state` or the previous chunk.
       joint_fn, predictor_step: see the module docstring.
-      max_symbols_per_frame: labels emitted per frame at most.
-      blank: the blank id.
+      max_symbols_per_frame: labels emitted per frame at most (>= 1).
+      blank: the blank id; negative counts from the end of V.
 
     Returns:
       `(tokens, new_state)`: tokens `[B, T * max_symbols_per_frame]` int32, slot
       `t * max_symbols_per_frame + s` holding the s-th label emitted at frame t or `NO_TOKEN`.
     """
-    encoder_out = tf.convert_to_tensor(encoder_out)
+    symbols = _check_int(max_symbols_per_frame, "max_symbols_per_frame", 1)
+    _check_int(blank, "blank", -2**31)
+    encoder_out = _checked_state(tf.convert_to_tensor(encoder_out), state, "state")
     encoder_lengths = tf.cast(encoder_lengths, tf.int32)
     batch = tf.shape(encoder_out)[0]
     num_frames = tf.shape(encoder_out)[1]
-    symbols = max_symbols_per_frame
     columns = tf.range(symbols)
 
     def frame_body(t, state, tokens):
@@ -124,11 +173,12 @@ def greedy_search(encoder_out, encoder_lengths, state, joint_fn, predictor_step,
 
         def symbol_body(s, active, state, frame_tokens):
             logits = joint_fn(frame, state["predictor_out"])
+            blank_id = _blank_id(blank, tf.shape(logits)[-1])
             token = tf.argmax(logits, axis=-1, output_type=tf.int32)
-            emit = active & tf.not_equal(token, blank)
+            emit = active & tf.not_equal(token, blank_id)
             frame_tokens = tf.where(emit[:, None] & tf.equal(columns, s)[None, :],
                                     token[:, None], frame_tokens)
-            out, pred_state = predictor_step(tf.where(emit, token, blank),
+            out, pred_state = predictor_step(tf.where(emit, token, blank_id),
                                              state["predictor_state"])
             new = {"predictor_out": out, "predictor_state": pred_state}
             return (s + 1, emit, _keep_shapes(_select(emit, new, state), state),
@@ -153,21 +203,24 @@ def greedy_search(encoder_out, encoder_lengths, state, joint_fn, predictor_step,
 # ----------------------------------------------------------------------------------------------
 # Beam search.
 # ----------------------------------------------------------------------------------------------
-def beam_initial_state(predictor_step, predictor_state, beam_size, blank=0):
+def beam_initial_state(predictor_step, predictor_state, beam_size, blank=0, vocab_size=None):
     """The beam search's state at the start of a stream: one empty hypothesis per sample.
 
     Args:
       predictor_step: see the module docstring.
       predictor_state: the predictor's initial state for `B` samples, a nest of `[B, ...]`.
-      beam_size: hypotheses kept per sample, `K`.
-      blank: the blank id, also the start symbol.
+      beam_size: hypotheses kept per sample, `K` (>= 1).
+      blank: the blank id, also the start symbol; negative counts from the end of V (then
+        `vocab_size` is needed).
+      vocab_size: V, or None.
 
     Returns:
       `{"scores": [B, K] float32 log-probabilities (-inf: an empty slot), "tokens": [B, K, L]
       int32 label sequences padded with NO_TOKEN, "lengths": [B, K] int32, "predictor_out":
       [B, K, P], "predictor_state": nest of [B, K, ...]}`, with L = 0.
     """
-    start = greedy_initial_state(predictor_step, predictor_state, blank)
+    beam_size = _check_int(beam_size, "beam_size", 1)
+    start = greedy_initial_state(predictor_step, predictor_state, blank, vocab_size)
     batch = _batch_size(predictor_state)
 
     def tile(x):
@@ -218,7 +271,7 @@ def beam_search(encoder_out, encoder_lengths, state, joint_fn, predictor_step, b
       encoder_lengths: `[B]` int, valid frames per sample.
       state: from `beam_initial_state` or the previous chunk (its `K` is the beam size).
       joint_fn, predictor_step: see the module docstring.
-      blank: the blank id.
+      blank: the blank id; negative counts from the end of V.
       merge: "sum" (log-sum-exp of the merged scores: the best label sequence) or "max" (the
         best single alignment).
 
@@ -226,8 +279,11 @@ def beam_search(encoder_out, encoder_lengths, state, joint_fn, predictor_step, b
       The new state; `best_hypothesis` reads the best labels from it.
     """
     if merge not in ("sum", "max"):
-        raise ValueError(f"merge must be 'sum' or 'max', got {merge!r}")
-    encoder_out = tf.convert_to_tensor(encoder_out)
+        raise ValueError(f"tf_rnnt.decoding: merge must be 'sum' or 'max', got {merge!r}")
+    _check_int(blank, "blank", -2**31)
+    if state["scores"].shape[1] is not None:
+        _check_int(state["scores"].shape[1], "the beam size of `state`", 1)
+    encoder_out = _checked_state(tf.convert_to_tensor(encoder_out), state, "state")
     encoder_lengths = tf.cast(encoder_lengths, tf.int32)
     batch = tf.shape(encoder_out)[0]
     num_frames = tf.shape(encoder_out)[1]
@@ -243,6 +299,7 @@ def beam_search(encoder_out, encoder_lengths, state, joint_fn, predictor_step, b
         logits = joint_fn(frame, _fold(state["predictor_out"]))
         log_probs = _unfold(tf.nn.log_softmax(logits, axis=-1), batch)  # [B, K, V]
         vocab = tf.shape(log_probs)[2]
+        blank_id = _blank_id(blank, vocab)
         scores, tokens, lengths = state["scores"], state["tokens"], state["lengths"]
         candidates = scores[:, :, None] + log_probs
 
@@ -257,21 +314,21 @@ def beam_search(encoder_out, encoder_lengths, state, joint_fn, predictor_step, b
                  & valid[:, :, None] & valid[:, None, :])  # [B, K_i, K_j]
         from_j = tf.gather(candidates, last, axis=2, batch_dims=1)  # [b, j, i] = cand[b, j, last_i]
         from_j = tf.where(match, tf.transpose(from_j, [0, 2, 1]), float("-inf"))
-        blank_scores = tf.concat([candidates[:, :, blank:blank + 1], from_j], axis=2)
+        blank_scores = tf.concat([candidates[:, :, blank_id:blank_id + 1], from_j], axis=2)
         if merge == "sum":
             merged = tf.reduce_logsumexp(blank_scores, axis=2)
         else:
             merged = tf.reduce_max(blank_scores, axis=2)
         one_hot_last = tf.one_hot(last, vocab, on_value=True, off_value=False)  # [B, K_i, V]
         dropped = tf.reduce_any(match[:, :, :, None] & one_hot_last[:, :, None, :], axis=1)
-        is_blank = tf.equal(tf.range(vocab), blank)[None, None, :]
+        is_blank = tf.equal(tf.range(vocab), blank_id)[None, None, :]
         candidates = tf.where(is_blank, merged[:, :, None],
                               tf.where(dropped, float("-inf"), candidates))
 
         best, index = tf.math.top_k(tf.reshape(candidates, [batch, -1]), k=beam)
         source = index // vocab  # [B, K]
         label = index % vocab
-        emit = tf.not_equal(label, blank) & (best > float("-inf"))
+        emit = tf.not_equal(label, blank_id) & (best > float("-inf"))
         new_tokens = tf.gather(tokens, source, axis=1, batch_dims=1)
         new_lengths = tf.gather(lengths, source, axis=1, batch_dims=1)
         write = emit[:, :, None] & tf.equal(positions[None, None, :], new_lengths[:, :, None])
@@ -281,7 +338,7 @@ def beam_search(encoder_out, encoder_lengths, state, joint_fn, predictor_step, b
             lambda x: tf.gather(x, source, axis=1, batch_dims=1),
             {"predictor_out": state["predictor_out"],
              "predictor_state": state["predictor_state"]})
-        out, pred_state = predictor_step(_fold(tf.where(emit, label, blank)),
+        out, pred_state = predictor_step(_fold(tf.where(emit, label, blank_id)),
                                          tf.nest.map_structure(_fold, gathered["predictor_state"]))
         stepped = {"predictor_out": _unfold(out, batch),
                    "predictor_state": tf.nest.map_structure(lambda x: _unfold(x, batch),

@@ -72,6 +72,32 @@ class _FlatState:
         return tf.nest.pack_sequence_as(self.structure, parts)
 
 
+def _check_protocol(model, argument, methods):
+    missing = [m for m in methods if not callable(getattr(model, m, None))]
+    if missing:
+        raise TypeError(
+            f"StreamingTranscriber: `{argument}` ({type(model).__name__}) lacks "
+            f"{', '.join(missing)}: it must implement {' and '.join(methods)} (see the "
+            f"tf_rnnt.export module docstring). A plain keras.Model runs whole sequences "
+            f"without a carried state; wrap it in a keras.layers.Layer that exposes "
+            f"initial_state(batch_size) and "
+            f"{'stream(features, state)' if argument == 'encoder' else 'step(tokens, state)'} "
+            f"(e.g. an LSTM called with initial_state=... and return_state=True).")
+
+
+def _check_flat_state(state, size, argument, batch=None):
+    """Run-time checks of a flat `[B, size]` state (a loaded signature does not enforce its
+    input shapes); returns the checks."""
+    shape = tf.shape(state)
+    checks = [tf.debugging.assert_rank(state, 2, message=f"`{argument}` must be [B, {size}]"),
+              tf.debugging.assert_equal(shape[-1], size, message=(
+                  f"`{argument}` must be [B, {size}] (the width of this model's state)"))]
+    if batch is not None:
+        checks.append(tf.debugging.assert_equal(shape[0], batch, message=(
+            f"the batch of `{argument}` differs from the batch of the frames or features")))
+    return checks
+
+
 class StreamingTranscriber(tf.Module):
     """The streaming signatures of a transducer (see the module docstring).
 
@@ -89,6 +115,18 @@ class StreamingTranscriber(tf.Module):
                  feature_lengths_fn, frame_lengths_fn, blank=0, max_symbols_per_frame=5,
                  name="streaming_transducer"):
         super().__init__(name=name)
+        _check_protocol(encoder, "encoder", ("initial_state", "stream"))
+        _check_protocol(predictor, "predictor", ("initial_state", "step"))
+        if isinstance(max_symbols_per_frame, bool) or not isinstance(max_symbols_per_frame, int) \
+                or max_symbols_per_frame < 1:
+            raise ValueError(f"StreamingTranscriber: max_symbols_per_frame must be an int >= 1, "
+                             f"got {max_symbols_per_frame!r}.")
+        vocabulary = list(vocabulary)
+        if isinstance(blank, bool) or not isinstance(blank, int) or \
+                not -len(vocabulary) <= blank < len(vocabulary):
+            raise ValueError(f"StreamingTranscriber: blank must be an int in [-V, V) for the "
+                             f"V={len(vocabulary)} entries of `vocabulary`, got {blank!r}.")
+        blank %= len(vocabulary)
         self.encoder = encoder
         self.predictor = predictor
         self.joint = joint
@@ -147,10 +185,20 @@ class StreamingTranscriber(tf.Module):
                 "decoder_state": self._decoder_state.flatten(self._greedy_start(batch_size))}
 
     def _encode_chunk(self, features, encoder_state):
+        checks = [tf.debugging.assert_rank(features, 3, message="`features` must be [B, C, F]")]
+        checks += _check_flat_state(encoder_state, self.encoder_state_size, "encoder_state",
+                                    tf.shape(features)[0])
+        with tf.control_dependencies(checks):
+            features = tf.identity(features)
         frames, state = self.encoder.stream(features, self._encoder_state.unflatten(encoder_state))
         return {"frames": frames, "encoder_state": self._encoder_state.flatten(state)}
 
     def _decode_chunk(self, frames, decoder_state):
+        checks = [tf.debugging.assert_rank(frames, 3, message="`frames` must be [B, C', D]")]
+        checks += _check_flat_state(decoder_state, self.decoder_state_size, "decoder_state",
+                                    tf.shape(frames)[0])
+        with tf.control_dependencies(checks):
+            frames = tf.identity(frames)
         lengths = tf.fill([tf.shape(frames)[0]], tf.shape(frames)[1])
         tokens, state = self._greedy(frames, lengths, decoder_state)
         return {"tokens": tokens, "text": self._text(tokens), "decoder_state": state}
@@ -184,16 +232,42 @@ def export_saved_model(transcriber, path):
     tf.saved_model.save(transcriber, path, signatures=signatures)
 
 
+def _keras_layers_in(obj, seen=None):
+    """Every Keras layer reachable from `obj`: a layer and its sublayers, or the attributes
+    (also inside lists, tuples and dicts) of a tf.Module or plain object."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, keras.layers.Layer):
+        return list(obj._flatten_layers(include_self=True, recursive=True))
+    if isinstance(obj, (list, tuple)):
+        children = list(obj)
+    elif isinstance(obj, dict):
+        children = list(obj.values())
+    elif isinstance(obj, tf.Module) or hasattr(obj, "__dict__") and not isinstance(obj, type):
+        children = [v for k, v in vars(obj).items() if not k.startswith("__")]
+    else:
+        return []
+    found = []
+    for child in children:
+        if isinstance(child, (keras.layers.Layer, tf.Module, list, tuple, dict)):
+            found += _keras_layers_in(child, seen)
+    return found
+
+
 @contextlib.contextmanager
 def unrolled_recurrent_layers(*layers):
-    """Sets `unroll=True` on every `keras.layers.RNN` (LSTM, GRU, ...) inside `layers` while the
-    context lasts: traced over a static number of steps they become plain ops, no while loop
-    over TensorLists (which TFLite only runs through Flex)."""
-    found = []
+    """Sets `unroll=True` on every `keras.layers.RNN` (LSTM, GRU, ...) inside `layers` (Keras
+    layers, or tf.Modules and objects holding them) while the context lasts: traced over a
+    static number of steps they become plain ops, no while loop over TensorLists (which TFLite
+    only runs through Flex)."""
+    found, ids = [], set()
     for layer in layers:
-        if isinstance(layer, keras.layers.Layer):
-            found += [sub for sub in layer._flatten_layers(include_self=True, recursive=True)
-                      if isinstance(sub, keras.layers.RNN)]
+        for sub in _keras_layers_in(layer):
+            if isinstance(sub, keras.layers.RNN) and id(sub) not in ids:
+                ids.add(id(sub))
+                found.append(sub)
     previous = [rnn.unroll for rnn in found]
     try:
         for rnn in found:
@@ -202,6 +276,59 @@ def unrolled_recurrent_layers(*layers):
     finally:
         for rnn, unroll in zip(found, previous):
             rnn.unroll = unroll
+
+
+class WholeChunkEncoder(keras.layers.Layer):
+    """A Keras encoder model in the streaming protocol, each chunk encoded on its own.
+
+    For encoders without a carried state, e.g. the Keras recipe's (convolutions and a
+    bidirectional LSTM): `stream` runs the model on the chunk alone (its state is a `[B, 1]`
+    placeholder), so a chunk that holds the whole utterance gives the model's own frames;
+    shorter chunks of a non-causal encoder give other frames.
+
+    Args:
+      model: `features [B, T, F] -> frames [B, T', D]`, or `[features, feature_lengths [B]] ->
+        frames` (then every frame of a chunk is valid).
+    """
+
+    def __init__(self, model, **kwargs):
+        super().__init__(**kwargs)
+        self.model = model
+        self._with_lengths = len(getattr(model, "inputs", None) or [None]) == 2
+
+    def initial_state(self, batch_size):
+        return tf.zeros([batch_size, 1])
+
+    def stream(self, features, state):
+        features = tf.convert_to_tensor(features, tf.float32)
+        if self._with_lengths:
+            shape = tf.shape(features)
+            return self.model([features, tf.fill([shape[0]], shape[1])]), state
+        return self.model(features), state
+
+
+class RNNPredictor(keras.layers.Layer):
+    """A predictor of an `Embedding` and a recurrent layer (LSTM, GRU, SimpleRNN), e.g. the
+    Keras recipe's, in the streaming protocol: one token per step through the layer's cell.
+
+    Args:
+      embedding: the trained `keras.layers.Embedding`.
+      rnn: the trained recurrent layer (its cell's weights are used).
+    """
+
+    def __init__(self, embedding, rnn, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding = embedding
+        self.rnn = rnn
+
+    def initial_state(self, batch_size):
+        sizes = self.rnn.cell.state_size
+        sizes = sizes if isinstance(sizes, (list, tuple)) else [sizes]
+        return [tf.zeros([batch_size, n]) for n in sizes]
+
+    def step(self, tokens, state):
+        output, new_state = self.rnn.cell(self.embedding(tokens), list(state))
+        return output, list(tf.nest.flatten(new_state))
 
 
 def convert_streaming_step_to_tflite(transcriber, chunk_features, batch_size=1, optimize=False):
@@ -218,8 +345,9 @@ def convert_streaming_step_to_tflite(transcriber, chunk_features, batch_size=1, 
       optimize: apply `tf.lite.Optimize.DEFAULT` (dynamic-range int8 weights).
 
     Returns:
-      The TFLite flatbuffer (`bytes`); run it with `tf.lite.Interpreter(model_content=...)` and
-      its "serving_default" signature runner.
+      The TFLite flatbuffer (`bytes`); run it with `tflite_step_runner` (which checks the
+      inputs' shapes), or with an interpreter's "serving_default" signature runner directly
+      (which resizes inputs of other shapes instead of refusing them).
     """
     specs = [tf.TensorSpec([batch_size, chunk_features, transcriber.num_features], tf.float32,
                            "features"),
@@ -245,3 +373,46 @@ def convert_streaming_step_to_tflite(transcriber, chunk_features, batch_size=1, 
     if optimize:
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
     return converter.convert()
+
+
+def tflite_interpreter(model_content=None, model_path=None, **kwargs):
+    """A TFLite interpreter: LiteRT's (`ai_edge_litert`) when installed, else
+    `tf.lite.Interpreter` (deprecated in TensorFlow 2.21). Arguments as the interpreter's."""
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError:
+        Interpreter = tf.lite.Interpreter
+    return Interpreter(model_content=model_content, model_path=model_path, **kwargs)
+
+
+def tflite_step_runner(flatbuffer):
+    """Runs the TFLite streaming step with its inputs checked.
+
+    A TFLite signature runner resizes an input of another shape instead of refusing it (a
+    decoder state of the wrong width or batch would be misread), and TFLite has no assertion
+    among its builtin ops, so the model itself cannot refuse it: this wrapper compares each
+    input's shape with the model's before running it.
+
+    Args:
+      flatbuffer: from `convert_streaming_step_to_tflite`.
+
+    Returns:
+      `step(features, encoder_state, decoder_state) -> {"tokens", "encoder_state",
+      "decoder_state"}` (NumPy arrays); ValueError names an input of the wrong shape.
+    """
+    interpreter = tflite_interpreter(flatbuffer)
+    runner = interpreter.get_signature_runner()
+    expected = {name: tuple(detail["shape"]) for name, detail in
+                runner.get_input_details().items()}
+
+    def step(features, encoder_state, decoder_state):
+        inputs = {"features": features, "encoder_state": encoder_state,
+                  "decoder_state": decoder_state}
+        for name, value in inputs.items():
+            shape = np.shape(value)
+            if tuple(shape) != expected[name]:
+                raise ValueError(f"TFLite streaming step: `{name}` must have shape "
+                                 f"{list(expected[name])}, got {list(shape)}.")
+        return runner(**{k: np.asarray(v, np.float32) for k, v in inputs.items()})
+
+    return step

@@ -100,6 +100,44 @@ def _xla_fallback(op_name, users, consequence):
     return True
 
 
+class XlaCheckUnavailableError(ValueError):
+    """An input check cannot run under XLA with this op library (see `check`)."""
+
+
+def check(value, ok, message, data=None):
+    """`value` unchanged once every entry of `ok` is true; else InvalidArgumentError(message),
+    followed by the entries of `data` when given.
+
+    A compiled op (TfRnntCheck) that stays in the data flow, so it runs under XLA too, where
+    tf.debugging assertions are dropped: thread a small tensor that feeds the computation through
+    it (e.g. the label lengths). Its gradient is the upstream gradient.
+
+    Args:
+      value: int32 or float32 tensor.
+      ok: bool tensor of any shape.
+      message: the error message.
+      data: None, or an int tensor of details for the message (e.g. the offending ids), of a
+        static size under XLA (no boolean_mask or single-argument where).
+
+    Raises:
+      XlaCheckUnavailableError: when traced for XLA and the op library has no XLA kernels for
+        the visible devices (the check could not run; compile without jit_compile).
+    """
+    graph = tf.compat.v1.get_default_graph()
+    if _control_flow_util.GraphOrParentsInXlaContext(graph) and not xla_kernels_available():
+        raise XlaCheckUnavailableError(
+            f"{message.split(':')[0]}: an input check cannot run under XLA: "
+            f"{_no_xla_kernels_reason()}. Compile without XLA (jit_compile=False).")
+    value = tf.convert_to_tensor(value)
+    data = tf.zeros([0], tf.int32) if data is None else tf.cast(tf.reshape(data, [-1]), tf.int32)
+    return _lib().tf_rnnt_check(value, tf.cast(ok, tf.bool), data, message=message)
+
+
+@tf.RegisterGradient("TfRnntCheck")
+def _check_grad(_, upstream):
+    return upstream, None, None
+
+
 def _valid_node_mask(lattice, logit_lengths, label_lengths):
     """The compiled ops' zeros: 0 outside each sample's rectangle and in the label channel at
     `u = label_lengths[b]`."""

@@ -1,9 +1,9 @@
 """The TFLite streaming step of `tf_rnnt.export` against the SavedModel's streaming signatures.
 
 A tiny random speech model (examples/speech, stateless and LSTM predictors) is exported both
-ways; the TFLite model must hold builtin ops only (no Flex) and, run in TensorFlow's TFLite
-interpreter chunk by chunk over held-out audio, give the same tokens and states as the
-SavedModel's encode_chunk + decode_chunk.
+ways; the TFLite model must hold builtin ops only (no Flex) and, run in a TFLite interpreter
+(LiteRT's when installed, else TensorFlow's) chunk by chunk over held-out audio, give the same
+tokens and states as the SavedModel's encode_chunk + decode_chunk.
 """
 
 import os
@@ -40,7 +40,7 @@ def held_out_features():
 
 
 def op_names(flatbuffer):
-    interpreter = tf.lite.Interpreter(model_content=flatbuffer)
+    interpreter = export.tflite_interpreter(flatbuffer)
     return {op["op_name"] for op in interpreter._get_ops_details()}
 
 
@@ -56,7 +56,7 @@ def test_tflite_streaming_step_equals_saved_model(predictor, tmp_path):
     assert not [op for op in ops if op.startswith("Flex") or op == "CUSTOM"], sorted(ops)
 
     saved = tf.saved_model.load(str(tmp_path / "saved_model")).signatures
-    runner = tf.lite.Interpreter(model_content=flatbuffer).get_signature_runner()
+    runner = export.tflite_interpreter(flatbuffer).get_signature_runner()
     features = held_out_features()
     state = saved["initial_state"](batch_size=tf.constant(1))
     saved_enc, saved_dec = state["encoder_state"], state["decoder_state"]

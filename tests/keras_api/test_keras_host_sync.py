@@ -80,11 +80,12 @@ def test_loss_op_takes_no_lattice_derived_host_input_nor_gate():
     assert gates, "the static batch and U+1 checks should still gate the op"
     for gate in gates:
         assert joint_op not in _value_ancestors(gate), gate.name
-    # ... but the lattice checks (frames, pad_value, blank) are in the graph, after the op.
+    # ... but the lattice checks (frames, pad_value, blank) are in the graph, after the op:
+    # compiled checks (TfRnntCheck), which gate the costs and so also hold under XLA.
     lattice_checks = [op for op in graph.get_operations()
-                      if op.type == "Assert" and joint_op in _value_ancestors(op)]
-    messages = " ".join(str(t.op.get_attr("value")) for op in lattice_checks
-                        for t in op.inputs[1:] if t.op.type == "Const")
+                      if op.type == "TfRnntCheck" and joint_op in _value_ancestors(op)]
+    assert not any(op in _value_ancestors(loss_op) for op in lattice_checks)
+    messages = " ".join(op.get_attr("message").decode() for op in lattice_checks)
     for expected in ("without frames", "disagree", "differs from the blank"):
         assert expected in messages, expected
     # The weights' gradients wait for them, so invalid data fails the step before any update.
@@ -145,7 +146,8 @@ def test_lattice_without_frames_still_fails(traced):
     marked = mark_lattice_padding(lattice, np.array([6, 0, 4]), label_lengths)
 
     def costs():
-        return FlashRNNTLoss(reduction="none")(labels.astype(np.float32), marked)
+        return FlashRNNTLoss(reduction="none", lattice="marked")(labels.astype(np.float32),
+                                                                 marked)
 
     with pytest.raises(tf.errors.InvalidArgumentError, match="without frames"):
         (tf.function(costs) if traced else costs)()

@@ -32,9 +32,11 @@ kernels lower each op to an XLA custom call running the same CPU/CUDA code. With
 without XLA kernels for the devices in use (built against a TensorFlow without the XLA FFI,
 2.17, or without CUDA on a GPU machine) `RNNTJoint.supports_jit` is False, so Keras compiles a
 model with an `RNNTJoint` without XLA, under "auto" and `jit_compile=True` alike (a warning
-names the layer), and the fused joint stays. Under XLA without usable kernels (e.g. a
-`tf.function(jit_compile=True)`, or `RNNTLoss` without `RNNTJoint`) the ops use the
-pure-TensorFlow reference math (a warning names the op).
+names the layer), and the fused joint stays. The input checks that guard against silently
+wrong values (labels padded in the middle, a mask with a hole, a loss whose blank or pad_value
+differs from the layer's) run as a compiled op in the data flow, so they hold under XLA too;
+without usable XLA kernels, tracing them under XLA (e.g. `RNNTLoss` in a model compiled with
+`jit_compile=True`) raises `tf_rnnt.ops.XlaCheckUnavailableError` rather than train unchecked.
 """
 
 from tf_rnnt.keras.lattice import PAD_NODE_VALUE, lattice_lengths, mark_lattice_padding

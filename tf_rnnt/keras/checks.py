@@ -1,12 +1,21 @@
 """Input checks shared by the tf_rnnt Keras layer and losses (lengths, labels, batch sizes).
 
-Static problems raise ValueError at the call; value problems become run-time assertions that
-raise InvalidArgumentError naming the argument and its owner (the class).
+Static problems raise ValueError at the call; value problems become run-time checks that raise
+InvalidArgumentError naming the argument and its owner (the class). Checks that guard against
+silently wrong values go through `guard` (the compiled TfRnntCheck op on a tensor the computation
+reads), so they also run under XLA, which drops tf.debugging assertions.
 """
 
 import tensorflow as tf
 
 from tf_rnnt import _contract as contract
+
+
+def guard(value, ok, message, data=None):
+    """`value` once `all(ok)`, else InvalidArgumentError(message); holds under XLA too."""
+    from tf_rnnt import ops
+
+    return ops.check(value, tf.reduce_all(ok), message, data)
 
 
 def check_rank(tensor, rank, argument, owner, layout):
@@ -60,25 +69,25 @@ def label_lengths_of(labels, pad_value, blank, vocab_size, argument, owner):
     """
     is_label = tf.not_equal(labels, pad_value)
     label_lengths = tf.reduce_sum(tf.cast(is_label, tf.int32), axis=1)
-    asserts = [tf.debugging.assert_equal(
-        is_label, tf.sequence_mask(label_lengths, tf.shape(labels)[1]),
-        message=f"{owner}: `{argument}` must be padded at the end with pad_value={pad_value}, "
-                f"with no pad_value before a label")]
+    # Each check gates the lengths, which every later op reads (also under XLA).
+    label_lengths = guard(
+        label_lengths, tf.equal(is_label, tf.sequence_mask(label_lengths, tf.shape(labels)[1])),
+        f"{owner}: `{argument}` must be padded at the end with pad_value={pad_value}, "
+        f"with no pad_value before a label")
     # Checked on real labels only; padded entries become 0 (any id in [0, V) would do).
     clean = tf.where(is_label, labels, 0)
-    asserts.append(tf.debugging.assert_non_negative(
-        clean, message=f"{owner}: `{argument}` holds negative ids other than pad_value="
-                       f"{pad_value}"))
+    label_lengths = guard(label_lengths, clean >= 0,
+                          f"{owner}: `{argument}` holds negative ids other than pad_value="
+                          f"{pad_value}")
     if vocab_size is not None:
-        asserts.append(tf.debugging.assert_less(
-            clean, tf.constant(vocab_size, tf.int32),
-            message=f"{owner}: `{argument}` holds ids >= vocab_size={vocab_size}"))
+        label_lengths = guard(label_lengths, clean < vocab_size,
+                              f"{owner}: `{argument}` holds ids >= vocab_size={vocab_size}")
     if blank is not None:
-        asserts.append(tf.debugging.assert_equal(
-            tf.reduce_any(is_label & tf.equal(labels, blank)), False,
-            message=f"{owner}: `{argument}` holds the blank id {blank} as a label (blank is "
-                    f"never a target; pad with pad_value={pad_value})"))
-    return clean, label_lengths, asserts
+        label_lengths = guard(
+            label_lengths, ~(is_label & tf.equal(labels, blank)),
+            f"{owner}: `{argument}` holds the blank id {blank} as a label (blank is never a "
+            f"target; pad with pad_value={pad_value})")
+    return clean, label_lengths, []
 
 
 def frame_lengths_of(lengths, mask, frames, argument, owner):
@@ -87,18 +96,17 @@ def frame_lengths_of(lengths, mask, frames, argument, owner):
     num_frames = tf.shape(frames)[1]
     if lengths is not None:
         lengths = contract.int32_tensor(lengths, "logit_lengths", owner, rank=1)
-        return lengths, check_same_batch(owner, (argument, frames), ("logit_lengths", lengths)) + [
-            tf.debugging.assert_non_negative(lengths, message=f"{owner}: negative logit_lengths"),
-            tf.debugging.assert_less_equal(
-                lengths, num_frames,
-                message=f"{owner}: logit_lengths exceed the frames of `{argument}`")]
+        asserts = check_same_batch(owner, (argument, frames), ("logit_lengths", lengths))
+        lengths = guard(lengths, lengths >= 0, f"{owner}: negative logit_lengths")
+        lengths = guard(lengths, lengths <= num_frames,
+                        f"{owner}: logit_lengths exceed the frames of `{argument}`")
+        return lengths, asserts
     if mask is not None:
         mask = tf.cast(mask, tf.bool)
         lengths = tf.reduce_sum(tf.cast(mask, tf.int32), axis=1)
-        return lengths, [tf.debugging.assert_equal(
-            mask, tf.sequence_mask(lengths, num_frames),
-            message=f"{owner}: the Keras mask of `{argument}` must mark a prefix of the frames "
-                    f"(padding at the end)")]
+        return guard(lengths, tf.equal(mask, tf.sequence_mask(lengths, num_frames)),
+                     f"{owner}: the Keras mask of `{argument}` must mark a prefix of the frames "
+                     f"(padding at the end)"), []
     return tf.fill([tf.shape(frames)[0]], num_frames), []
 
 

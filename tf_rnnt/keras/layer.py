@@ -215,7 +215,12 @@ class RNNTJoint(keras.layers.Layer):
         # The blank code: the label channel at u = U is never read by the loss.
         num_nodes = tf.shape(lattice)[2]
         is_code = (tf.range(num_nodes) == num_nodes - 1)[:, None] & tf.constant([False, True])
-        return tf.where(is_code, BLANK_CODE + self._blank_id, lattice)
+        lattice = tf.where(is_code, BLANK_CODE + self._blank_id, lattice)
+        try:  # read by the losses at trace time: a static mismatch raises there
+            lattice._tf_rnnt_joint_settings = (self._blank_id, self.pad_value)
+        except AttributeError:
+            pass
+        return lattice
 
     def compute_mask(self, inputs, mask=None):
         # The lengths live in the lattice; a [B, T] mask would be misapplied to [B] losses.

@@ -11,7 +11,7 @@ from tf_rnnt import _contract as contract
 _PADDINGS = ("valid", "same", "causal")
 
 
-def conv_output_lengths(lengths, kernel_size, strides, padding="same", dilation_rate=1):
+def conv_output_lengths(lengths, kernel_size, strides, padding="valid", dilation_rate=1):
     """Frame lengths after a convolution or pooling along time, as Keras computes them.
 
     The length of a sample is the number of output frames its unpadded input alone would give
@@ -24,7 +24,8 @@ def conv_output_lengths(lengths, kernel_size, strides, padding="same", dilation_
       lengths: `[B]` int frame lengths before the layer(s).
       kernel_size: int, or a list with one entry per stacked layer.
       strides: int or list, as `kernel_size`.
-      padding: "valid", "same" or "causal", or a list.
+      padding: "valid" (the default, as in keras.layers.Conv1D and pooling), "same" or
+        "causal", or a list.
       dilation_rate: int or list.
 
     Returns:

@@ -10,15 +10,19 @@ from tf_rnnt.keras.checks import (
     check_same_batch,
     check_u_plus_one,
     frame_lengths_of,
+    guard,
     label_lengths_of,
     labels_as_int,
     missing_lengths_error,
 )
-from tf_rnnt.keras.lattice import BLANK_CODE, PAD_THRESHOLD, lattice_lengths
+from tf_rnnt.keras.lattice import BLANK_CODE, PAD_NODE_VALUE, PAD_THRESHOLD, lattice_lengths
 
 _KERAS_REDUCTIONS = ("sum_over_batch_size", "sum", "mean", "mean_with_sample_weight", "none",
                      None)
-_REDUCTIONS = _KERAS_REDUCTIONS + ("per_token",)
+# NeMo's names, with NeMo's meaning: "mean_volume" is "per_token", "mean_batch" the mean of the
+# per-sample costs over the batch (Keras' "sum_over_batch_size").
+_NEMO_REDUCTIONS = {"mean_volume": "per_token", "mean_batch": "sum_over_batch_size"}
+_REDUCTIONS = _KERAS_REDUCTIONS + ("per_token",) + tuple(_NEMO_REDUCTIONS)
 
 
 def ops():
@@ -48,6 +52,24 @@ def _after_checks(tensor, checks):
     return gated(tensor)
 
 
+_LATTICE_IN_RNNT_LOSS = (
+    "RNNTLoss: `y_pred` is the [B, T, U+1, 2] lattice of RNNTJoint (log-probabilities marked "
+    "with its padding and blank code), not V = 2 logits; train it with joint.loss() "
+    "(FlashRNNTLoss).")
+
+
+def _is_marked_lattice(values):
+    """True for a `[B, T, U+1, 2]` tensor marked by RNNTJoint: every value a log-probability
+    (<= 0) or the padding mark, and the label channel of the last node column the blank code."""
+    values = tf.cast(values, tf.float32)
+    code = values[:, :, -1, 1]
+    coded = tf.reduce_all((code >= BLANK_CODE) & tf.equal(code, tf.round(code)))
+    others = tf.concat([tf.reshape(values[:, :, :-1], [-1]), tf.reshape(values[:, :, -1, 0], [-1])],
+                       0)
+    marked = tf.reduce_all((others <= 0.0) | tf.equal(others, PAD_NODE_VALUE))
+    return coded & marked & (tf.size(code) > 0)
+
+
 class _TransducerLoss(keras.losses.Loss):
     """Per-sample RNN-T costs from `call`; `keras.losses.Loss` applies sample_weight and the
     reduction.
@@ -65,13 +87,26 @@ class _TransducerLoss(keras.losses.Loss):
         if reduction not in _REDUCTIONS:
             raise ValueError(f"{owner}: reduction must be one of {_REDUCTIONS}, got "
                              f"{reduction!r}.")
-        self.per_token = reduction == "per_token"
-        super().__init__(name=name, reduction="sum" if self.per_token else reduction,
+        self._reduction_name = reduction
+        keras_reduction = _NEMO_REDUCTIONS.get(reduction, reduction)
+        self.per_token = keras_reduction == "per_token"
+        super().__init__(name=name, reduction="sum" if self.per_token else keras_reduction,
                          dtype="float32")
         self.blank = None if blank is None else contract.check_blank(blank, owner)
         self.pad_value = None if pad_value is None else int(pad_value)
         self.fastemit_lambda = contract.check_fastemit_lambda(fastemit_lambda, owner)
         self.clamp = contract.check_clamp(clamp, owner)
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        self._check_targets(y_true)  # before Keras' own conversion fails on None
+        return super().__call__(y_true, y_pred, sample_weight)
+
+    def _check_targets(self, y_true):
+        if y_true is None:
+            raise ValueError(
+                f"{type(self).__name__}: no targets (y_true is None). Pass the padded labels as "
+                f"the targets too, e.g. model.fit([features, ..., labels], labels): the loss "
+                f"reads the label lengths from them.")
 
     def _normalize(self, costs, label_lengths):
         if not self.per_token:
@@ -84,7 +119,7 @@ class _TransducerLoss(keras.losses.Loss):
 
     def get_config(self):
         config = super().get_config()
-        config.update(reduction="per_token" if self.per_token else self.reduction,
+        config.update(reduction=self._reduction_name,
                       blank=self.blank, pad_value=self.pad_value,
                       fastemit_lambda=self.fastemit_lambda, clamp=self.clamp)
         return config
@@ -111,11 +146,20 @@ class FlashRNNTLoss(_TransducerLoss):
       fastemit_lambda: FastEmit regularization weight (changes the gradient, not the cost).
       clamp: clamp of d cost / d lattice; off when <= 0.
       reduction: a Keras reduction ("sum_over_batch_size", "sum", "mean",
-        "mean_with_sample_weight", "none" or None), or "per_token": the summed weighted costs
-        over the summed label lengths of the global batch (NeMo's "mean_volume"; sample
-        weights scale the costs, not the label count; a batch without labels divides by 1).
+        "mean_with_sample_weight", "none" or None), "per_token", or NeMo's "mean_volume" /
+        "mean_batch". "mean" is Keras' mean over the batch of the weighted costs, NOT NeMo's
+        "mean" (which divides each cost by its label count first). "per_token" (NeMo's
+        "mean_volume", accepted under either name): the summed weighted costs over the summed
+        label lengths of the global batch (sample weights scale the costs, not the label count;
+        a batch without labels divides by 1). "mean_batch": the mean over the batch of the
+        weighted per-sample costs (as "sum_over_batch_size").
       name: loss name.
       dtype: only float32 (or None) is accepted: the costs are float32.
+      lattice: what `y_pred` is. "rnnt_joint" (default): the output of `RNNTJoint`, which
+        carries the layer's blank code; anything else (e.g. `[B, T, U+1, 2]` logits, whose
+        costs would be meaningless) raises InvalidArgumentError. "marked": a lattice of
+        log-probabilities marked with `tf_rnnt.keras.mark_lattice_padding` (not checked: the
+        caller vouches for it).
 
     Example:
 
@@ -125,15 +169,23 @@ class FlashRNNTLoss(_TransducerLoss):
     """
 
     def __init__(self, blank=None, pad_value=None, fastemit_lambda=0.0, clamp=-1.0,
-                 reduction="sum_over_batch_size", name="flash_rnnt_loss", dtype=None):
+                 reduction="sum_over_batch_size", name="flash_rnnt_loss", dtype=None,
+                 lattice="rnnt_joint"):
         super().__init__(blank, pad_value, fastemit_lambda, clamp, reduction, name, dtype)
+        self.lattice = contract.check_choice(lattice, ("rnnt_joint", "marked"), "lattice",
+                                             "FlashRNNTLoss")
         if (self.blank is not None and self.blank >= 0 and self.pad_value is not None
                 and self.pad_value >= 0 and self.pad_value != self.blank):
             raise ValueError(f"FlashRNNTLoss: pad_value={pad_value} would be a label id; pad with "
                              f"a negative id (default -1) or with the blank ({blank}).")
 
+    def get_config(self):
+        return {**super().get_config(), "lattice": self.lattice}
+
     def call(self, y_true, y_pred):
         owner = type(self).__name__
+        self._check_targets(y_true)
+        self._check_layer_settings(getattr(y_pred, "_tf_rnnt_joint_settings", None))
         lattice = tf.convert_to_tensor(y_pred)
         check_rank(lattice, 4, "y_pred", owner, "the [B, T, U+1, 2] lattice from RNNTJoint")
         if contract.static_dim(lattice, 3) not in (None, 2):
@@ -153,37 +205,66 @@ class FlashRNNTLoss(_TransducerLoss):
         # the device idles).
         logit_lengths, label_lengths = lattice_lengths(lattice)
         label_lengths = tf.maximum(label_lengths, 0)  # -1 for a sample without frames
-        value_checks = [tf.debugging.assert_positive(logit_lengths, message=(
+        zero = tf.zeros([], tf.float32)
+        gates = [guard(zero, logit_lengths > 0, (
             f"{owner}: `y_pred` marks a sample without frames (logit_lengths must be in "
             f"[1, T]); RNNTJoint never does (mark a hand-made lattice with "
             f"tf_rnnt.keras.mark_lattice_padding and logit_lengths >= 1)"))]
+        code = lattice[:, :, -1, 1] - BLANK_CODE
+        has_code = code > -PAD_THRESHOLD
+        if self.lattice == "rnnt_joint":
+            gates.append(guard(zero, has_code, (
+                f"{owner}: `y_pred` is not a lattice from RNNTJoint (it lacks the layer's blank "
+                f"code); for [B, T, U+1, 2] logits use tf_rnnt.keras.RNNTLoss, for a lattice "
+                f"marked with tf_rnnt.keras.mark_lattice_padding pass "
+                f"FlashRNNTLoss(lattice='marked')")))
         if self.pad_value is not None:
             padded = tf.reduce_sum(tf.cast(tf.not_equal(labels, self.pad_value), tf.int32), 1)
-            value_checks.append(tf.debugging.assert_equal(
-                tf.where(logit_lengths > 0, label_lengths, padded), padded, message=(
+            gates.append(guard(zero, tf.equal(
+                tf.where(logit_lengths > 0, label_lengths, padded), padded), (
                     f"{owner}: the label lengths of `y_true` padded with FlashRNNTLoss(pad_value="
-                    f"{self.pad_value}) disagree with those marked in `y_pred` by RNNTJoint, "
-                    f"whose pad_value differs. Set blank and pad_value once, on RNNTJoint, and "
-                    f"compile with joint.loss() (mark a hand-made lattice with "
-                    f"tf_rnnt.keras.mark_lattice_padding)")))
+                    f"{self.pad_value}) disagree with those marked in `y_pred` by RNNTJoint. "
+                    f"Either the targets `y` given to fit differ from the labels input of "
+                    f"RNNTJoint (pass the same padded labels as both), or RNNTJoint's pad_value "
+                    f"differs (set blank and pad_value once, on RNNTJoint, and compile with "
+                    f"joint.loss()). Per sample, its index where they disagree, else -1:"),
+                data=tf.where(tf.not_equal(label_lengths, padded) & (logit_lengths > 0),
+                              tf.range(tf.shape(padded)[0]), -1)))
         if self.blank is not None and self.blank >= 0:
-            code = lattice[:, :, -1, 1] - BLANK_CODE
-            has_code = code > -PAD_THRESHOLD
             layer_blank = tf.where(has_code, tf.cast(tf.round(code), tf.int32), self.blank)
-            message = (f"{owner}: FlashRNNTLoss(blank={self.blank}) differs from the blank of "
-                       f"the RNNTJoint that built `y_pred`. Set blank and pad_value once, on "
-                       f"RNNTJoint, and compile with joint.loss(). RNNTJoint blank id:")
-            value_checks.append(tf.debugging.Assert(tf.reduce_all(layer_blank == self.blank), [
-                message, tf.reduce_max(tf.where(layer_blank == self.blank, -1, layer_blank))]))
+            gates.append(guard(zero, tf.equal(layer_blank, self.blank), (
+                f"{owner}: FlashRNNTLoss(blank={self.blank}) differs from the blank of the "
+                f"RNNTJoint that built `y_pred`. Set blank and pad_value once, on RNNTJoint, and "
+                f"compile with joint.loss(). RNNTJoint blank id:"),
+                data=tf.reduce_max(tf.where(layer_blank == self.blank, -1, layer_blank))))
         with tf.control_dependencies(asserts):
             lattice = tf.where(lattice > PAD_THRESHOLD, tf.zeros_like(lattice), lattice)
             # Marked lengths lie in [0, T] and [0, U]; the op needs no host copy of them. A
-            # sample without frames (rejected by value_checks) gets a NaN cost, zero gradient.
+            # sample without frames (rejected by the gates) gets a NaN cost, zero gradient.
             costs = ops()._lattice_loss(lattice, logit_lengths, label_lengths,
                                          self.fastemit_lambda, self.clamp, owner,
                                          lengths_validated=True)
-        costs = _after_checks(tf.where(logit_lengths > 0, costs, float("nan")), value_checks)
+        # The checks of lattice values run beside the loss op (not before it: the op would wait
+        # for a device-to-host copy) and gate the costs and their gradient; being in the data
+        # flow, they also hold under XLA.
+        costs = tf.where(logit_lengths > 0, costs, float("nan")) + tf.add_n(gates)
+        costs = _after_checks(costs, gates)
         return self._normalize(costs, label_lengths)
+
+
+    def _check_layer_settings(self, settings):
+        """At trace time, where `y_pred` is known to come from an RNNTJoint: its blank and
+        pad_value against this loss's."""
+        if settings is None:
+            return
+        layer_blank, layer_pad = settings
+        for name, mine, theirs in (("blank", self.blank, layer_blank),
+                                   ("pad_value", self.pad_value, layer_pad)):
+            if mine is not None and not (name == "blank" and mine < 0) and mine != theirs:
+                raise ValueError(
+                    f"FlashRNNTLoss({name}={mine}) differs from the {name} of the RNNTJoint that "
+                    f"built `y_pred` ({theirs}). Set blank and pad_value once, on RNNTJoint, and "
+                    f"compile with joint.loss().")
 
 
 @keras.saving.register_keras_serializable(package="tf_rnnt")
@@ -202,7 +283,8 @@ class RNNTLoss(_TransducerLoss):
       pad_value: label padding id (default -1).
       fastemit_lambda: FastEmit regularization weight.
       clamp: clamp of d cost / d lattice; off when <= 0.
-      reduction: a Keras reduction or "per_token" (see `FlashRNNTLoss`).
+      reduction: as `FlashRNNTLoss`: a Keras reduction ("mean" is Keras' batch mean, not NeMo's
+        length-normalized "mean"), "per_token" (= NeMo's "mean_volume") or "mean_batch".
       name: loss name.
       dtype: only float32 (or None) is accepted: the costs are float32.
       all_frames_valid: without a mask on `y_pred`, take every frame as valid instead of
@@ -237,6 +319,7 @@ class RNNTLoss(_TransducerLoss):
 
     def _costs(self, y_true, y_pred, frame_mask):
         owner = type(self).__name__
+        self._check_targets(y_true)
         logits = tf.convert_to_tensor(y_pred)
         check_rank(logits, 4, "y_pred", owner, "[B, T, U+1, V] logits")
         vocab_size = contract.static_dim(logits, 3)
@@ -256,6 +339,11 @@ class RNNTLoss(_TransducerLoss):
             raise missing_lengths_error("y_pred", owner, "give the logits the Keras mask of the "
                                          "encoder output (tf_rnnt.keras.LengthMask).")
         logit_lengths, frame_checks = frame_lengths_of(None, frame_mask, logits, "y_pred", owner)
+        if vocab_size == 2:
+            if getattr(y_pred, "_tf_rnnt_joint_settings", None) is not None:
+                raise ValueError(_LATTICE_IN_RNNT_LOSS)
+            logit_lengths = guard(logit_lengths, ~_is_marked_lattice(logits),
+                                  _LATTICE_IN_RNNT_LOSS)
         with tf.control_dependencies(asserts + checks + frame_checks):
             costs = ops().rnnt_loss(logits, clean_labels, logit_lengths, label_lengths,
                                      blank=blank, fastemit_lambda=self.fastemit_lambda,

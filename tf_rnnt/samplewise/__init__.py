@@ -12,6 +12,7 @@ recursions), `loop` (the loop over the batch and the custom gradient).
 """
 
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util as _control_flow_util
 
 from tf_rnnt import _contract as contract
 from tf_rnnt.samplewise import loop
@@ -23,14 +24,17 @@ from tf_rnnt.samplewise.memory import (
 )
 
 __all__ = ["samplewise_rnnt_loss", "auto_parallel_iterations", "sample_working_set_bytes",
-           "DEFAULT_MEMORY_BUDGET", "PARALLEL_ITERATIONS_CHOICES"]
+           "DEFAULT_MEMORY_BUDGET", "PARALLEL_ITERATIONS_CHOICES", "MAX_PARALLEL_ITERATIONS"]
 
 _OWNER = "tf_rnnt.samplewise_rnnt_loss"
+#: The largest int parallel_iterations accepted: TensorFlow reserves memory per potential
+#: iteration of a while loop, and no batch this loop runs has more samples in flight.
+MAX_PARALLEL_ITERATIONS = 4096
 
 
 def samplewise_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths,
                          blank=0, activation="tanh", parallel_iterations="auto",
-                         memory_budget=None, fastemit_lambda=0.0):
+                         memory_budget=None, fastemit_lambda=0.0, clamp=-1.0):
     """Sample-wise RNN-T loss with a dense joint, in pure TensorFlow.
 
     Same inputs and result as `tf_rnnt.flash_rnnt_loss`: per node (t, u) the joint is
@@ -78,10 +82,15 @@ def samplewise_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths
       label_lengths: `[B]` int32/int64, valid labels per sample, in `[0, U]`.
       blank: blank index in `[-V, V)`; negative counts from the end.
       activation: "tanh", "relu" or "identity".
-      parallel_iterations: "auto" or a positive int.
+      parallel_iterations: "auto" or an int in [1, MAX_PARALLEL_ITERATIONS] (4096; larger
+        values raise ValueError, as TensorFlow reserves memory for every potential iteration).
+        An int above a statically known batch size is lowered to it.
       memory_budget: bytes for "auto"; None means `DEFAULT_MEMORY_BUDGET`.
       fastemit_lambda: FastEmit weight (>= 0): the gradient of the label log-probabilities is
         scaled by `1 + fastemit_lambda`; the cost is unchanged.
+      clamp: clamps d cost / d lattice (the gradient of each node's blank and label
+        log-probabilities, after FastEmit, before the upstream gradient) to `[-clamp, clamp]`,
+        as `tf_rnnt.flash_rnnt_loss`; off when <= 0.
 
     Returns:
       `[B]` float32 costs. Gradients come back in each input's dtype; half-precision inputs
@@ -89,22 +98,30 @@ def samplewise_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths
 
     Raises:
       ValueError: bad arguments or statically known shapes/dtypes (the message names the
-        argument).
+        argument); traced for XLA (`jit_compile=True`), which cannot compile the per-sample
+        shapes.
       tf.errors.InvalidArgumentError: at run time, for bad lengths, labels, blank or shapes.
       tf_rnnt.SecondOrderGradientError: when its gradient is differentiated again.
     """
     owner = _OWNER
+    if _control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+        raise ValueError(
+            f"{owner} cannot run under XLA (jit_compile=True): its loop cuts each sample to its "
+            f"own lengths, shapes XLA cannot compile. Compile this step without XLA "
+            f"(tf.function(jit_compile=False), model.compile(jit_compile=False)), or use "
+            f"tf_rnnt.flash_rnnt_loss, which has XLA kernels.")
     contract.check_choice(activation, contract.ACTIVATION_NAMES, "activation", owner)
     if not (isinstance(parallel_iterations, str) and parallel_iterations == "auto"):
         if isinstance(parallel_iterations, str):
             raise ValueError(f"{owner}: parallel_iterations must be 'auto' or a positive int, "
                              f"got {parallel_iterations!r}")
         parallel_iterations = contract.check_positive_int(
-            parallel_iterations, "parallel_iterations", owner, "samples", maximum=2**31 - 1,
-            allow_none=False)
+            parallel_iterations, "parallel_iterations", owner, "samples",
+            maximum=MAX_PARALLEL_ITERATIONS, allow_none=False)
     memory_budget = contract.check_positive_number(memory_budget, "memory_budget", owner,
                                                    "bytes")
     fastemit_lambda = contract.check_fastemit_lambda(fastemit_lambda, owner)
+    clamp = contract.check_clamp(clamp, owner)
     encoder, predictor, kernel, bias = (
         contract.float_tensor(x, name, owner) for name, x in
         (("encoder", encoder), ("predictor", predictor), ("kernel", kernel), ("bias", bias)))
@@ -116,7 +133,10 @@ def samplewise_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths
         (("labels", labels), ("logit_lengths", logit_lengths), ("label_lengths", label_lengths)))
     contract.check_joint_dims(encoder, predictor, kernel, bias, labels, logit_lengths,
                               label_lengths, owner)
-    config = (activation, parallel_iterations, memory_budget, fastemit_lambda)
+    batch = contract.static_dim(encoder, 0)
+    if parallel_iterations != "auto" and batch is not None:
+        parallel_iterations = max(1, min(parallel_iterations, batch))
+    config = (activation, parallel_iterations, memory_budget, (fastemit_lambda, clamp))
     args = (encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths,
             tf.constant(blank, tf.int32))
     if tf.executing_eagerly():

@@ -20,7 +20,7 @@ _OWNER = "tf_rnnt.samplewise_rnnt_loss"
 
 
 def _batch_loop(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths, blank,
-                activation, fastemit_lambda, parallel_iterations, weights=None):
+                activation, gradient_options, parallel_iterations, weights=None):
     """The while_loop over the batch.
 
     Returns (costs `[B]` f32, d kernel f32, d bias f32, d encoder, d predictor) with the last
@@ -30,7 +30,7 @@ def _batch_loop(encoder, predictor, kernel, bias, labels, logit_lengths, label_l
     kernel32 = tf.cast(kernel, tf.float32)
     bias32 = tf.cast(bias, tf.float32)
     weighted = weights is not None
-    sample_fn = sample_function(activation, fastemit_lambda, weighted, encoder.dtype,
+    sample_fn = sample_function(activation, gradient_options, weighted, encoder.dtype,
                                  predictor.dtype)
     args = (encoder, predictor, labels, logit_lengths, label_lengths, kernel32, bias32, blank,
             weights if weighted else tf.zeros([0]))
@@ -72,11 +72,11 @@ def _batch_loop(encoder, predictor, kernel, bias, labels, logit_lengths, label_l
 def _run_loop(config, tensors, weights=None):
     """Runs _batch_loop with the configured or automatically chosen parallel_iterations."""
     encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths, blank = tensors
-    activation, parallel_iterations, memory_budget, fastemit_lambda = config
+    activation, parallel_iterations, memory_budget, gradient_options = config
 
     def loop(p):
         return lambda: _batch_loop(encoder, predictor, kernel, bias, labels, logit_lengths,
-                                   label_lengths, blank, activation, fastemit_lambda, p, weights)
+                                   label_lengths, blank, activation, gradient_options, p, weights)
 
     if parallel_iterations != "auto":
         outputs = loop(parallel_iterations)()

@@ -7,11 +7,12 @@ from tf_rnnt.samplewise.lattice import lattice_gradients
 
 
 def sample_gradients(encoder_b, predictor_b, labels_b, kernel, bias, blank, activation,
-                      fastemit_lambda, weight, need_input_grads):
+                      gradient_options, weight, need_input_grads):
     """Cost and gradients of one unpadded sample, all in float32.
 
     encoder_b `[T_b, H]`, predictor_b `[U_b+1, H]`, labels_b `[U_b]` int32, kernel `[H, V]`,
-    bias `[V]`; weight is a scalar the lattice gradient is multiplied by (or None).
+    bias `[V]`; gradient_options is `(fastemit_lambda, clamp)`; weight is a scalar the lattice
+    gradient is multiplied by (or None).
     """
     act, act_grad = contract.ACTIVATIONS[activation]
     num_frames = tf.shape(encoder_b)[0]
@@ -35,7 +36,11 @@ def sample_gradients(encoder_b, predictor_b, labels_b, kernel, bias, blank, acti
     blank_lp = tf.reshape(tf.gather_nd(logits, blank_index) - log_norm, [num_frames, num_states])
     label_lp = tf.reshape(tf.gather_nd(logits, label_index) - log_norm, [num_frames, num_states])
 
+    fastemit_lambda, clamp = gradient_options
     cost, grad_blank, grad_label = lattice_gradients(blank_lp, label_lp, fastemit_lambda)
+    if clamp > 0:  # as the compiled ops: after FastEmit, before the upstream weight
+        grad_blank = tf.clip_by_value(grad_blank, -clamp, clamp)
+        grad_label = tf.clip_by_value(grad_label, -clamp, clamp)
     if weight is not None:
         grad_blank *= weight
         grad_label *= weight
@@ -63,14 +68,14 @@ def sample_gradients(encoder_b, predictor_b, labels_b, kernel, bias, blank, acti
 _SAMPLE_FUNCTIONS = {}
 
 
-def sample_function(activation, fastemit_lambda, weighted, encoder_dtype, predictor_dtype):
+def sample_function(activation, gradient_options, weighted, encoder_dtype, predictor_dtype):
     """Iteration b's work as a shape-generic tf.function, traced once per configuration.
 
     It slices sample b out of the padded batch, runs `sample_gradients` and pads the input
     gradients back. Every prebuilt loop calls this one function, so the seven loops of "auto"
     (and the seven of the weighted recomputation) stay cheap to build.
     """
-    key = (activation, fastemit_lambda, weighted, encoder_dtype, predictor_dtype)
+    key = (activation, gradient_options, weighted, encoder_dtype, predictor_dtype)
     if key in _SAMPLE_FUNCTIONS:
         return _SAMPLE_FUNCTIONS[key]
     vector = tf.TensorSpec([None], tf.int32)
@@ -87,7 +92,7 @@ def sample_function(activation, fastemit_lambda, weighted, encoder_dtype, predic
         cost, grad_kernel, grad_bias, grad_encoder, grad_predictor = sample_gradients(
             tf.cast(encoder[b, :num_frames], tf.float32),
             tf.cast(predictor[b, :num_labels + 1], tf.float32), labels[b, :num_labels], kernel,
-            bias, blank, activation, fastemit_lambda, weights[b] if weighted else None,
+            bias, blank, activation, gradient_options, weights[b] if weighted else None,
             not weighted)
         if weighted:
             return cost, grad_kernel, grad_bias
