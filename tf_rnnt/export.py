@@ -188,8 +188,8 @@ class StreamingTranscriber(tf.Module):
         checks = [tf.debugging.assert_rank(features, 3, message="`features` must be [B, C, F]")]
         checks += _check_flat_state(encoder_state, self.encoder_state_size, "encoder_state",
                                     tf.shape(features)[0])
-        with tf.control_dependencies(checks):
-            features = tf.identity(features)
+        with tf.control_dependencies(checks):  # the state too: unflattening it reshapes it
+            features, encoder_state = tf.identity(features), tf.identity(encoder_state)
         frames, state = self.encoder.stream(features, self._encoder_state.unflatten(encoder_state))
         return {"frames": frames, "encoder_state": self._encoder_state.flatten(state)}
 
@@ -197,8 +197,8 @@ class StreamingTranscriber(tf.Module):
         checks = [tf.debugging.assert_rank(frames, 3, message="`frames` must be [B, C', D]")]
         checks += _check_flat_state(decoder_state, self.decoder_state_size, "decoder_state",
                                     tf.shape(frames)[0])
-        with tf.control_dependencies(checks):
-            frames = tf.identity(frames)
+        with tf.control_dependencies(checks):  # the state too: unflattening it reshapes it
+            frames, decoder_state = tf.identity(frames), tf.identity(decoder_state)
         lengths = tf.fill([tf.shape(frames)[0]], tf.shape(frames)[1])
         tokens, state = self._greedy(frames, lengths, decoder_state)
         return {"tokens": tokens, "text": self._text(tokens), "decoder_state": state}

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <unordered_map>
 
 namespace tf_rnnt {
@@ -87,6 +88,9 @@ Status gemm_row_major(cublasHandle_t handle, bool trans_a, bool trans_b, int m, 
                       cudaDataType_t b_type, int ldb, float beta, void* c, cudaDataType_t c_type,
                       int ldc, bool allow_tf32) {
   if (m == 0 || n == 0) return Status();
+  // k = 0 (H = 0) makes C = beta C, but cuBLAS still wants leading dimensions of at least 1.
+  lda = std::max(lda, 1);
+  ldb = std::max(ldb, 1);
   const float alpha = 1.f;
   const cublasComputeType_t compute = (allow_tf32 && a_type == CUDA_R_32F && b_type == CUDA_R_32F)
                                           ? CUBLAS_COMPUTE_32F_FAST_TF32
