@@ -144,6 +144,10 @@ def parse_args(argv=None):
     parser.add_argument("--lstm", default="auto", choices=("auto", "loop", "unrolled"),
                         help="the predictor LSTM: auto (cuDNN unless mixed_bfloat16), loop "
                              "(use_cudnn=False: a while loop XLA compiles), unrolled")
+    parser.add_argument("--encoder-alone", action="store_true",
+                        help="also time the encoder's forward + backward alone after the steps "
+                             "(compiled as the step; under XLA a second compile): the encoder "
+                             "columns' source where the trace has no per-layer GPU time")
     parser.add_argument("--matmul-size", type=int, default=8192,
                         help="N of the N^3 bfloat16 tf.matmul timed after the steps (0: none)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
@@ -372,6 +376,34 @@ def matmul_rate(tf, size, dtype="bfloat16", repeats=10):
     return 2 * size**3 / statistics.median(times)
 
 
+def time_encoder_alone(tf, model, inputs, jit, repeats=5):
+    """Milliseconds of the model's encoder forward + backward alone (the gradients of its
+    summed output with respect to its weights) on `inputs`, compiled as the run's step is
+    (`jit` "true": XLA): median of `repeats` synced calls after a first (compiling) call."""
+    encoder = model.get_layer("encoder")
+    features = tf.constant(inputs["features"])
+    lengths = tf.constant(inputs["feature_lengths"])
+    weights = encoder.trainable_weights
+
+    @tf.function(jit_compile=jit == "true")
+    def forward_backward():
+        with tf.GradientTape() as tape:
+            total = tf.reduce_sum(tf.cast(encoder([features, lengths], training=True),
+                                          tf.float32))
+        grads = tape.gradient(total, weights)
+        # Every gradient feeds the result, so that none is pruned.
+        return total + tf.add_n([tf.reduce_sum(tf.cast(g, tf.float32)) for g in grads])
+
+    forward_backward().numpy()
+    times = []
+    for _ in range(repeats):
+        _sync(tf)
+        start = time.perf_counter()
+        forward_backward().numpy()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
 def profile_encoder_seconds(profile_dir, steps):
     """(encoder seconds per step, busy seconds per step) from a trace of `steps` steps: the
     device time of the ops under the model's "encoder" layer, forward and backward
@@ -478,6 +510,11 @@ def run_fit(args, spec):
         encoder_s, busy_s = profile_encoder_seconds(profile_dir, profile_steps)
         result.update(encoder_ms=encoder_s and 1e3 * encoder_s / max(1, len(devices)),
                       busy_ms=1e3 * busy_s / max(1, len(devices)))
+    if status == "ok" and args.encoder_alone and spec.get("matmul"):
+        try:
+            result["encoder_alone_ms"] = time_encoder_alone(tf, model, inputs, jit)
+        except tf.errors.ResourceExhaustedError:
+            result["encoder_alone_ms"] = None
     if status == "ok" and spec.get("matmul") and args.matmul_size:
         try:
             result["matmul_flops_per_s"] = matmul_rate(tf, args.matmul_size)
@@ -756,15 +793,32 @@ def _gpu_cell(r):
     return r.get("gpu_name") or "CPU"  # a run that reported nothing: what nvidia-smi named
 
 
+def encoder_time(r):
+    """(encoder ms per step, source): the profile's encoder GPU time, else the encoder timed
+    alone ("alone"), else (None, "")."""
+    if r.get("encoder_ms"):
+        return r["encoder_ms"], ""
+    if r.get("encoder_alone_ms"):
+        return r["encoder_alone_ms"], "alone"
+    return None, ""
+
+
+def _share_cell(r):
+    encoder_ms, source = encoder_time(r)
+    if not encoder_ms or not _ok(r) or not r.get("step_ms"):
+        return "-"
+    return f"{encoder_ms / r['step_ms']:.0%}" + (f" ({source})" if source else "")
+
+
 def _tflops_cell(r):
-    flops, encoder_ms = r.get("encoder_flops"), r.get("encoder_ms")
+    flops, (encoder_ms, source) = r.get("encoder_flops"), encoder_time(r)
     if not flops or not encoder_ms or not _ok(r):
         return "-"
     rate = flops / (encoder_ms / 1e3) / max(1, r.get("replicas", 1))
     text = f"{rate / 1e12:.3g}"
     if r.get("matmul_flops_per_s"):
         text += f" ({rate / r['matmul_flops_per_s']:.0%} of {r['matmul_flops_per_s'] / 1e12:.3g})"
-    return text
+    return text + (f" ({source})" if source else "")
 
 
 def _variant_cell(r):
@@ -856,9 +910,11 @@ def render(data):
         "each probe in its own process with the row's settings ('>=': no OOM up to the "
         "search's limit).",
         "- Encoder: GPU time of the ops under the model's encoder layer (forward + backward) "
-        "in a profiler trace of steps after the timed ones; share = that over the step; TFLOP/s "
-        "= the analytic encoder FLOPs (bench_model.encoder_flops) over that time, with its "
-        "share of a bfloat16 tf.matmul's rate measured in the same process ('-': no trace).",
+        "in a profiler trace of steps after the timed ones, or '(alone)': the encoder's "
+        "forward + backward timed by itself in the same process, compiled as the step; share "
+        "= that over the step; TFLOP/s = the analytic encoder FLOPs per step "
+        "(bench_model.encoder_flops) over that time, with its share of a bfloat16 tf.matmul's "
+        "rate (TFLOP/s) measured in the same process ('-': not measured).",
         "- Commands:",
     ] + [f"  - `python benchmarks/bench_model.py {c}`" for c in meta.get("commands", [])] + [
         "",
@@ -895,8 +951,7 @@ def render(data):
         ok = status == "ok"
         step_cell = f"{step:.1f}" if step and ok else status
         compile_cell = f"{r['compile_s']:.1f}" if ok and r.get("compile_s") is not None else "-"
-        share = (f"{r['encoder_ms'] / step:.0%}" if ok and r.get("encoder_ms") and step
-                 else "-")
+        share = _share_cell(r)
         cells = [_gpu_cell(r), _variant_cell(r), str(r.get("vocab", "-")), r["dtype"],
                  _jit_cell(r), gpus_cell, str(r["batch"]), step_cell, compile_cell,
                  "-" if not throughput else f"{throughput:.1f}", scaling,

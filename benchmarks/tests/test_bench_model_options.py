@@ -211,13 +211,15 @@ def test_results_merge_and_table(tmp_path):
         _row(step_ms=380.0),  # replaces the first flash row
         _row(jit="true", step_ms=250.0, compile_s=210.0, largest_batch=96, bound=""),
         _row(variant="tfasr", status="OOM", step_ms=None, device_name=None, visible_gpus=None,
-             gpu_name="NVIDIA H100 80GB HBM3", detail="ResourceExhausted")])
+             gpu_name="NVIDIA H100 80GB HBM3", detail="ResourceExhausted"),
+        _row(variant="flash-untiled", jit="true", encoder_ms=None, encoder_alone_ms=200.0)])
     assert merged["meta"]["commands"] == ["--variants flash",
                                           "--variants flash --jit-compile true"]
     text = bench.render(merged)
     rows = _table_rows(text)
     assert [(r["variant"], r["XLA"]) for r in rows] == [
-        ("logits", "false"), ("flash", "false"), ("flash", "true"), ("tfasr", "false")]
+        ("logits", "false"), ("flash", "false"), ("flash", "true"), ("tfasr", "false"),
+        ("flash-untiled", "true")]
     assert all(r["GPU"] == "NVIDIA H100 80GB HBM3" for r in rows)
     flash, jit = rows[1], rows[2]
     assert flash["step ms"] == "380.0" and flash["compile s"] == "12.5"
@@ -228,10 +230,25 @@ def test_results_merge_and_table(tmp_path):
     assert flash["peak memory per GPU (MiB)"] == "20,480" and flash["V"] == "1025"
     assert jit["compile s"] == "210.0" and jit["largest batch"] == "96"
     assert rows[3]["step ms"] == "OOM" and rows[3]["encoder share"] == "-"
+    # Without a trace: the encoder timed alone, said in the cell (120 TFLOP in 0.2 s).
+    assert rows[4]["encoder share"] == "50% (alone)"
+    assert rows[4]["encoder TFLOP/s"] == "600 (100% of 600) (alone)"
     assert "flash vs logits: step 380.0 vs 500.0 ms (1.32x the speed)" in text
     assert "- `python benchmarks/bench_model.py --variants flash --jit-compile true`" in text
     with pytest.raises(SystemExit, match="another model"):
         bench.merge_results(path, dict(meta, model=dict(meta["model"], d_model=256)), [])
+
+
+@pytest.mark.parametrize("jit", ["false", "true"])
+def test_encoder_timed_alone(jit):
+    import keras
+    import tensorflow as tf
+
+    args = bench.parse_args(["--tiny"])
+    keras.utils.set_random_seed(0)
+    model, _, _ = bench.build(args, "flash", 17)
+    inputs, _ = bench.synthetic_batch(args, 2, 17)
+    assert 0 < bench.time_encoder_alone(tf, model, inputs, jit, repeats=2) < 60e3
 
 
 def test_matmul_rate_on_the_cpu():
