@@ -903,6 +903,9 @@ def render(data):
         f"(T={m['frames']} after subsampling), U={m['labels']}; lengths uniform in "
         f"[{m['min_length']:g}, 1] x max",
         "- Losses: " + "; ".join(f"{v}: {d}" for v, d in sorted(losses.items())),
+        "- Encoder attention: " + ", ".join(sorted({r.get("attention", "keras") for r in results}))
+        + " (examples/speech/conformer.py); predictor LSTM: "
+        + ", ".join(sorted({r.get("lstm", "auto") for r in results})),
         "- Step: median of the timed steps after warm-up steps, synced; throughput = replicas x "
         "per-GPU batch / step. Compile: first step minus the median step (tracing, graph "
         "optimization, XLA compilation). Peak: TensorFlow allocator peak per GPU over the timed "
