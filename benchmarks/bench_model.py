@@ -54,11 +54,12 @@ commands build one table; the markdown (`--out`) is rendered from the merged run
 is `--json benchmarks/results/model_<gpu>.json --out benchmarks/results/model_<gpu>.md`
 (`<gpu>` from nvidia-smi: h100, h200, ...; cpu without a GPU).
 
-Usage (one H100/H200):
-  python benchmarks/bench_model.py --variants flash,flash-untiled,logits,tfasr --vocab 1025 \
-      --dtypes mixed_bfloat16 --jit-compile false --skip-batch-search --save
-  python benchmarks/bench_model.py --variants flash --jit-compile true --profile /tmp/prof \
-      --dtypes mixed_bfloat16 --skip-batch-search --save
+Usage (one H100/H200; TensorFlowASR from `pip install --no-deps --target DIR
+TensorFlowASR==2.1.0` with TFASR_PATH=DIR, or in <venv>/tfasr):
+  python benchmarks/bench_model.py --variants flash,flash-untiled --vocab 1025 \
+      --dtypes mixed_bfloat16 --skip-batch-search --profile /tmp/prof --save
+  python benchmarks/bench_model.py --variants flash --jit-compile true --encoder-alone \
+      --dtypes mixed_bfloat16 --skip-batch-search --profile /tmp/prof --save
   python benchmarks/bench_model.py --gpus 1,2 --variants flash,logits --dtypes mixed_bfloat16 \
       --skip-batch-search --out benchmarks/results/model_2xh200.md
   python benchmarks/bench_model.py --tiny     # CPU smoke run: tiny model, 2 steps
@@ -169,7 +170,8 @@ def parse_args(argv=None):
                         help="JSON file to merge this invocation's runs into (the markdown is "
                              "rendered from all of its runs)")
     parser.add_argument("--save", action="store_true",
-                        help="--json/--out benchmarks/results/model_<gpu>.json/.md")
+                        help="--json/--out benchmarks/results/model_<gpu>.json/.md (both "
+                             "rewritten from the merged runs)")
     parser.add_argument("--timeout", type=int, default=1800,
                         help="seconds per subprocess (an XLA compile of the full model alone "
                              "takes minutes)")
