@@ -52,7 +52,8 @@ Results: `--json FILE` merges this invocation's runs into FILE (a run replaces a
 with the same variant, V, dtype, XLA setting, mode, GPU count and batch), so that several
 commands build one table; the markdown (`--out`) is rendered from the merged runs. `--save`
 is `--json benchmarks/results/model_<gpu>.json --out benchmarks/results/model_<gpu>.md`
-(`<gpu>` from nvidia-smi: h100, h200, ...; cpu without a GPU).
+(`<gpu>` from nvidia-smi: h100, h200, ...; cpu without a GPU). `--merge A.json B.json --json
+C.json --out C.md` merges results files written elsewhere (e.g. one per machine session).
 
 Usage (one H100/H200; TensorFlowASR from `pip install --no-deps --target DIR
 TensorFlowASR==2.1.0` with TFASR_PATH=DIR, or in <venv>/tfasr):
@@ -169,6 +170,9 @@ def parse_args(argv=None):
     parser.add_argument("--json", default=None,
                         help="JSON file to merge this invocation's runs into (the markdown is "
                              "rendered from all of its runs)")
+    parser.add_argument("--merge", nargs="+", default=None, metavar="FILE",
+                        help="run nothing: merge these results files (e.g. from several "
+                             "machines) into --json and render --out")
     parser.add_argument("--save", action="store_true",
                         help="--json/--out benchmarks/results/model_<gpu>.json/.md (both "
                              "rewritten from the merged runs)")
@@ -989,12 +993,19 @@ def model_meta(args):
 def merge_results(path, meta, results):
     """The runs of `path` (if it exists and holds the same model) with `results` put in:
     a run replaces an earlier one with the same `run_key`."""
-    data = {"meta": dict(meta, commands=[]), "runs": []}
+    old = None
     if path and os.path.exists(path):
         with open(path) as f:
             old = json.load(f)
+    return merge_data(old, meta, results, path)
+
+
+def merge_data(old, meta, results, name="the results"):
+    """`merge_results` on loaded data `old` (None: none yet)."""
+    data = {"meta": dict(meta, commands=[]), "runs": []}
+    if old is not None:
         if old.get("meta", {}).get("model") != meta["model"]:
-            raise SystemExit(f"{path} holds runs of another model or data size "
+            raise SystemExit(f"{name} holds runs of another model or data size "
                              f"({old.get('meta', {}).get('model')}); use another --json file")
         data = old
     data["meta"].update({k: v for k, v in meta.items() if k != "commands"})
@@ -1012,6 +1023,9 @@ def main(argv=None):
     args = parse_args(argv)
     if args.run:
         run_worker(args)
+        return
+    if args.merge:
+        merge_files(args.merge, args.json, args.out)
         return
     gpu_counts = [] if args.workers_only else _int_list(args.gpus)
     worker_counts = _int_list(args.workers)
@@ -1107,6 +1121,23 @@ def main(argv=None):
         publish(results)
     table = publish(results)
     print(table)
+
+
+def merge_files(paths, json_path, out):
+    """Merges the results files `paths`, in order, into `json_path` (if it exists, its runs
+    first) and renders the markdown to `out`."""
+    data = None
+    if json_path and os.path.exists(json_path):
+        with open(json_path) as f:
+            data = json.load(f)
+    for path in paths:
+        with open(path) as f:
+            part = json.load(f)
+        data = merge_data(data, part["meta"], part["runs"], path)
+    if json_path:
+        _write_text(json_path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    if out:
+        _write_text(out, render(data))
 
 
 def _write_text(path, text):

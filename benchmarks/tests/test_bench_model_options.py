@@ -256,3 +256,21 @@ def test_matmul_rate_on_the_cpu():
 
     rate = bench.matmul_rate(tf, 64, dtype="float32", repeats=2)
     assert 1e6 < rate < 1e15
+
+
+def test_merge_files(tmp_path):
+    args = bench.parse_args([])
+    model = bench.model_meta(args)
+    parts = []
+    for k, rows in enumerate([[_row(), _row(variant="logits")], [_row(step_ms=300.0)]]):
+        path = tmp_path / f"part{k}.json"
+        path.write_text(json.dumps({"meta": {"model": model, "commands": [f"command {k}"]},
+                                    "runs": rows}))
+        parts.append(str(path))
+    out, merged = tmp_path / "model.md", tmp_path / "model.json"
+    bench.main(["--merge", *parts, "--json", str(merged), "--out", str(out)])
+    data = json.loads(merged.read_text())
+    assert data["meta"]["commands"] == ["command 0", "command 1"]
+    assert sorted((r["variant"], r["step_ms"]) for r in data["runs"]) == [
+        ("flash", 300.0), ("logits", 400.0)]
+    assert out.read_text() == bench.render(data)
