@@ -49,11 +49,12 @@ run of the same kind in this invocation (for workers without a 1-worker run: the
 Without a GPU every run falls back to the CPU (said in the table).
 
 Results: `--json FILE` merges this invocation's runs into FILE (a run replaces an earlier one
-with the same variant, V, dtype, XLA setting, mode, GPU count and batch), so that several
-commands build one table; the markdown (`--out`) is rendered from the merged runs. `--save`
-is `--json benchmarks/results/model_<gpu>.json --out benchmarks/results/model_<gpu>.md`
-(`<gpu>` from nvidia-smi: h100, h200, ...; cpu without a GPU). `--merge A.json B.json --json
-C.json --out C.md` merges results files written elsewhere (e.g. one per machine session).
+with the same variant, V, dtype, XLA setting, mode, GPU count and batch, keeping its batch
+search if the new run has none), so that several commands build one table; the markdown
+(`--out`) is rendered from the merged runs. `--save` is `--json
+benchmarks/results/model_<gpu>.json --out benchmarks/results/model_<gpu>.md` (`<gpu>` from
+nvidia-smi: h100, h200, ...; cpu without a GPU). `--merge A.json B.json --json C.json --out
+C.md` merges results files written elsewhere (e.g. one per machine session).
 
 Usage (one H100/H200; TensorFlowASR from `pip install --no-deps --target DIR
 TensorFlowASR==2.1.0` with TFASR_PATH=DIR, or in <venv>/tfasr):
@@ -1000,6 +1001,9 @@ def merge_results(path, meta, results):
     return merge_data(old, meta, results, path)
 
 
+_SEARCH_KEYS = ("largest_batch", "bound", "first_fail", "searched")
+
+
 def merge_data(old, meta, results, name="the results"):
     """`merge_results` on loaded data `old` (None: none yet)."""
     data = {"meta": dict(meta, commands=[]), "runs": []}
@@ -1012,8 +1016,13 @@ def merge_data(old, meta, results, name="the results"):
     for command in meta.get("commands", []):
         if command not in data["meta"].setdefault("commands", []):
             data["meta"]["commands"].append(command)
-    keys = [run_key(r) for r in results]
-    data["runs"] = [r for r in data["runs"] if run_key(r) not in keys] + list(results)
+    new = {run_key(r): r for r in results}
+    for old_run in data["runs"]:
+        # A run without a batch search keeps the search of the run it replaces.
+        run = new.get(run_key(old_run))
+        if run is not None and "largest_batch" not in run and "largest_batch" in old_run:
+            run.update({k: old_run[k] for k in _SEARCH_KEYS if k in old_run})
+    data["runs"] = [r for r in data["runs"] if run_key(r) not in new] + list(results)
     return data
 
 

@@ -274,3 +274,16 @@ def test_merge_files(tmp_path):
     assert sorted((r["variant"], r["step_ms"]) for r in data["runs"]) == [
         ("flash", 300.0), ("logits", 400.0)]
     assert out.read_text() == bench.render(data)
+
+
+def test_a_rerun_keeps_the_batch_search_it_replaces():
+    meta = {"model": bench.model_meta(bench.parse_args([])), "commands": []}
+    searched = _row(step_ms=420.0, largest_batch=96, bound="", first_fail=112, searched=True)
+    data = bench.merge_data(None, meta, [searched, _row(variant="logits")])
+    data = bench.merge_data(data, meta, [_row(step_ms=380.0), _row(variant="logits",
+                                                                    largest_batch=64,
+                                                                    bound=">=")])
+    runs = {r["variant"]: r for r in data["runs"]}
+    assert runs["flash"]["step_ms"] == 380.0 and runs["flash"]["largest_batch"] == 96
+    assert runs["flash"]["first_fail"] == 112
+    assert runs["logits"]["largest_batch"] == 64 and runs["logits"]["bound"] == ">="
