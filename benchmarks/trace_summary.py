@@ -156,14 +156,25 @@ def idle_summary(trace_dir, top=8):
     return "\n".join(lines)
 
 
-def summarize(trace_dir, steps=1, depth=2, top=25):
-    files = _trace_files(trace_dir)
+def _layer_totals(trace_dir, depth):
     totals = collections.defaultdict(float)
     devices = set()
-    for path in files:
+    for path in _trace_files(trace_dir):
         for device, name, seconds in _events(path):
             devices.add(device)
             totals[layer_key(name, depth)] += seconds
+    return totals, devices
+
+
+def layer_seconds(trace_dir, steps=1, depth=1):
+    """`{(pass, layer): seconds per step}` of a trace of `steps` steps, summed over its devices
+    (GPU streams, or the CPU's executor threads without a GPU): what `summarize` tabulates."""
+    totals, _ = _layer_totals(trace_dir, depth)
+    return {key: seconds / steps for key, seconds in totals.items()}
+
+
+def summarize(trace_dir, steps=1, depth=2, top=25):
+    totals, devices = _layer_totals(trace_dir, depth)
     per_device = 1.0 / (steps * max(1, len(devices)))
     total = sum(totals.values()) * per_device
     lines = [f"{trace_dir}: {', '.join(sorted(devices))}; busy time per step and device "

@@ -12,3 +12,6 @@ export TF_RNNT_CUDA_ARCHS=${TF_RNNT_CUDA_ARCHS:-90}
 "$VENV/bin/python" -m pip install -q "tensorflow==2.21.*" "keras>=3.10" numpy pytest hypothesis \
   setuptools wheel "ruff==0.14.0" "clang-format==23.1.5"
 "$VENV/bin/python" -m pip install -q --no-build-isolation --no-deps -e .
+# TensorFlowASR's loss: a benchmark baseline only (benchmarks/tfasr_baseline.py), kept out of the
+# environment's packages: its own __init__ needs Keras 2.
+"$VENV/bin/python" -m pip install -q --no-deps --upgrade --target "$VENV/tfasr" "TensorFlowASR==2.1.0"

@@ -1,6 +1,7 @@
 """benchmarks/bench_model.py --tiny: the Conformer benchmark runs end to end on the CPU and
 writes a complete table (the real-scale numbers come from GPU runs, not from here)."""
 
+import json
 import os
 import re
 import subprocess
@@ -11,8 +12,9 @@ import pytest
 _BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _REPO_ROOT = os.path.dirname(_BENCHMARKS)
 _BENCH = os.path.join(_BENCHMARKS, "bench_model.py")
-_COLUMNS = ["variant", "dtype", "GPUs", "per-GPU batch", "step ms", "throughput (utt/s)",
-            "scaling vs 1 GPU", "peak memory per GPU (MiB)", "largest batch", "params"]
+_COLUMNS = ["GPU", "variant", "V", "dtype", "XLA", "GPUs", "per-GPU batch", "step ms",
+            "compile s", "throughput (utt/s)", "scaling vs 1 GPU", "peak memory per GPU (MiB)",
+            "largest batch", "encoder share", "encoder TFLOP/s"]
 
 
 def _number(cell):
@@ -27,31 +29,32 @@ def test_tiny_benchmark_table(tmp_path):
     proc = subprocess.run(
         [sys.executable, _BENCH, "--tiny", "--variants", "flash,logits", "--dtypes", "float32",
          "--gpus", "1", "--search-variants", "flash", "--search-dtypes", "float32",
-         "--out", str(out)],
+         "--json", str(tmp_path / "model.json"), "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     text = out.read_text()
     assert "CPU only" in text and "no GPU visible" in text
-    header = next(line for line in text.splitlines() if line.startswith("| variant"))
+    header = next(line for line in text.splitlines() if line.startswith("| GPU"))
     assert [c.strip() for c in header.strip("|").split("|")] == _COLUMNS
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
-            if line.startswith("| flash") or line.startswith("| logits")]
-    assert [r[0] for r in rows] == ["flash", "logits"]
-    params = set()
+            if line.startswith("| CPU")]
+    assert [r[1] for r in rows] == ["flash", "logits"]
     for row in rows:
         cells = dict(zip(_COLUMNS, row))
         assert cells["dtype"] == "float32" and cells["GPUs"] == "0 (CPU)"
-        assert cells["per-GPU batch"] == "2"
+        assert cells["per-GPU batch"] == "2" and cells["V"] == "17" and cells["XLA"] == "false"
         for column in ("step ms", "throughput (utt/s)", "scaling vs 1 GPU",
-                       "peak memory per GPU (MiB)", "params"):
+                       "peak memory per GPU (MiB)", "compile s"):
             value = _number(cells[column])
             assert value > 0 and value < float("inf"), (column, cells[column])
-        params.add(cells["params"])
+        assert cells["encoder share"] == "-"  # no profile
+    runs = json.loads((tmp_path / "model.json").read_text())["runs"]
     # Both variants train the same model (same weights, different joint output).
-    assert len(params) == 1
+    assert len({r["params"] for r in runs}) == 1
     # The searched variant: no OOM on the CPU up to the tiny search limit (2 x batch).
     assert dict(zip(_COLUMNS, rows[0]))["largest batch"] == ">=4"
     assert dict(zip(_COLUMNS, rows[1]))["largest batch"] == "-"
+    assert all(r["status"] == "ok" and r["jit_compile"] is False for r in runs)
     assert "Flash against full logits" in text and "not evaluated" in text
 
 

@@ -53,6 +53,7 @@ if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
 from model import FeatureNormalization, Predictor, running_mean_normalization  # noqa: E402
 
 SUBSAMPLING = 4
+ATTENTION_IMPLEMENTATIONS = ("keras", "dot_product")
 
 
 def output_lengths(feature_lengths):
@@ -144,17 +145,30 @@ class ConformerBlock(keras.layers.Layer):
 
     Call: `block(x, frame_mask, attention_mask)` with `x` `[B, T, d]`, `frame_mask` `[B, T, 1]`
     (1 on valid frames) and `attention_mask` `[B, T, T]` bool (keys that may be attended to).
+
+    `attention`: "keras" (`keras.layers.MultiHeadAttention` with dropout on the attention
+    probabilities; Keras then forms the scores, softmax and product as separate einsums) or
+    "dot_product" (the same layer and weights without that dropout, which makes Keras compute
+    the attention through `keras.ops.dot_product_attention`). The outputs agree in inference
+    mode; in training only the dropout on the probabilities differs (the attention output's
+    dropout stays). Keras' TensorFlow backend has no flash attention (it raises for
+    `flash_attention=True`): `dot_product_attention` is an einsum, a float32 softmax and an
+    einsum there, which XLA fuses under `jit_compile=True`.
     """
 
     def __init__(self, d_model=512, num_heads=8, ff_dim=2048, kernel_size=31, dropout=0.1,
-                 **kwargs):
+                 attention="keras", **kwargs):
         super().__init__(**kwargs)
+        if attention not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(f"attention must be one of {ATTENTION_IMPLEMENTATIONS}, got "
+                             f"{attention!r}.")
         self.d_model, self.num_heads, self.ff_dim = d_model, num_heads, ff_dim
-        self.kernel_size, self.dropout = kernel_size, dropout
+        self.kernel_size, self.dropout, self.attention_impl = kernel_size, dropout, attention
         self.ff1 = FeedForward(d_model, ff_dim, dropout, name="ff1")
         self.attention_norm = keras.layers.LayerNormalization(epsilon=1e-5, name="attention_norm")
-        self.attention = keras.layers.MultiHeadAttention(num_heads, d_model // num_heads,
-                                                         dropout=dropout, name="attention")
+        self.attention = keras.layers.MultiHeadAttention(
+            num_heads, d_model // num_heads, dropout=dropout if attention == "keras" else 0.0,
+            name="attention")
         self.attention_drop = keras.layers.Dropout(dropout)
         self.conv = ConvModule(d_model, kernel_size, dropout, name="conv")
         self.ff2 = FeedForward(d_model, ff_dim, dropout, name="ff2")
@@ -178,7 +192,8 @@ class ConformerBlock(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(d_model=self.d_model, num_heads=self.num_heads, ff_dim=self.ff_dim,
-                      kernel_size=self.kernel_size, dropout=self.dropout)
+                      kernel_size=self.kernel_size, dropout=self.dropout,
+                      attention=self.attention_impl)
         return config
 
 
@@ -198,16 +213,19 @@ class ConformerEncoder(keras.layers.Layer):
       kernel_size: depthwise convolution kernel.
       subsampling_channels: channels of the two subsampling convolutions.
       dropout: dropout rate (feed-forward, attention, convolution, positional encoding).
+      attention: "keras" or "dot_product" (see `ConformerBlock`).
     """
 
     def __init__(self, num_mel_bins=80, d_model=512, num_blocks=16, num_heads=8, ff_dim=2048,
-                 kernel_size=31, subsampling_channels=512, dropout=0.1, **kwargs):
+                 kernel_size=31, subsampling_channels=512, dropout=0.1, attention="keras",
+                 **kwargs):
         super().__init__(**kwargs)
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} must be a multiple of num_heads={num_heads}.")
         self.num_mel_bins, self.d_model, self.num_blocks = num_mel_bins, d_model, num_blocks
         self.num_heads, self.ff_dim, self.kernel_size = num_heads, ff_dim, kernel_size
         self.subsampling_channels, self.dropout = subsampling_channels, dropout
+        self.attention_impl = attention
         self.conv1 = keras.layers.Conv2D(subsampling_channels, 3, strides=2, activation="relu",
                                          name="subsampling_conv1")
         self.conv2 = keras.layers.Conv2D(subsampling_channels, 3, strides=2, activation="relu",
@@ -215,7 +233,8 @@ class ConformerEncoder(keras.layers.Layer):
         self.projection = keras.layers.Dense(d_model, name="projection")
         self.input_drop = keras.layers.Dropout(dropout)
         self.blocks = [ConformerBlock(d_model, num_heads, ff_dim, kernel_size, dropout,
-                                      name=f"block{i}") for i in range(num_blocks)]
+                                      attention=attention, name=f"block{i}")
+                       for i in range(num_blocks)]
 
     def build(self, input_shape):
         bins = self.num_mel_bins
@@ -295,7 +314,8 @@ class ConformerEncoder(keras.layers.Layer):
         config.update(num_mel_bins=self.num_mel_bins, d_model=self.d_model,
                       num_blocks=self.num_blocks, num_heads=self.num_heads, ff_dim=self.ff_dim,
                       kernel_size=self.kernel_size,
-                      subsampling_channels=self.subsampling_channels, dropout=self.dropout)
+                      subsampling_channels=self.subsampling_channels, dropout=self.dropout,
+                      attention=self.attention_impl)
         return config
 
 
@@ -359,22 +379,26 @@ class LSTMPredictor(Predictor):
       dropout: dropout on the output.
       use_cudnn: `keras.layers.LSTM`'s `use_cudnn`. "auto" turns cuDNN off under a
         `mixed_bfloat16` policy (Keras' cuDNN LSTM returns wrong bfloat16 gradients on H200
-        GPUs with TensorFlow 2.21).
+        GPUs with TensorFlow 2.21). False gives a `tf.while_loop` of LSTM cells, which XLA
+        compiles (`jit_compile=True`) where the cuDNN kernel has no XLA lowering.
+      unroll: `keras.layers.LSTM`'s `unroll` (no loop: one cell per label position, a graph
+        that XLA fuses across steps; needs a static label length and compiles longer).
     """
 
     def __init__(self, vocab_size, embedding_dim=640, predictor_dim=640, blank=0, dropout=0.1,
-                 use_cudnn="auto", **kwargs):
-        self.use_cudnn = use_cudnn  # read by _lstm_options while Predictor builds the LSTM
+                 use_cudnn="auto", unroll=False, **kwargs):
+        # Read by _lstm_options while Predictor builds the LSTM.
+        self.use_cudnn, self.unroll = use_cudnn, unroll
         super().__init__(vocab_size, embedding_dim, predictor_dim, blank, dropout, **kwargs)
 
     def _lstm_options(self):
         cudnn = self.use_cudnn
-        if cudnn == "auto" and self.dtype_policy.compute_dtype == "bfloat16":
+        if self.unroll or (cudnn == "auto" and self.dtype_policy.compute_dtype == "bfloat16"):
             cudnn = False
-        return {"use_cudnn": cudnn}
+        return {"use_cudnn": cudnn, "unroll": self.unroll}
 
     def get_config(self):
-        return {**super().get_config(), "use_cudnn": self.use_cudnn}
+        return {**super().get_config(), "use_cudnn": self.use_cudnn, "unroll": self.unroll}
 
 
 @keras.saving.register_keras_serializable(package="tf_rnnt_conformer")
@@ -407,7 +431,8 @@ def build_conformer_transducer(vocab_size=1025, num_mel_bins=80, d_model=512, nu
                                num_heads=8, ff_dim=2048, conv_kernel_size=31,
                                subsampling_channels=512, embedding_dim=640, predictor_dim=640,
                                joint_dim=640, dropout=0.1, blank=0, output="lattice",
-                               joint_mode="tiled", lstm_use_cudnn="auto",
+                               joint_mode="tiled", lstm_use_cudnn="auto", lstm_unroll=False,
+                               attention="keras", max_labels=None,
                                name="conformer_transducer"):
     """The Conformer transducer as an uncompiled `keras.Model`.
 
@@ -433,7 +458,10 @@ def build_conformer_transducer(vocab_size=1025, num_mel_bins=80, d_model=512, nu
       blank: blank id.
       output: "lattice" or "logits".
       joint_mode: `RNNTJoint` mode ("tiled" or "untiled").
-      lstm_use_cudnn: see `LSTMPredictor`.
+      lstm_use_cudnn, lstm_unroll: `LSTMPredictor`'s `use_cudnn` and `unroll`.
+      attention: "keras" or "dot_product" (see `ConformerBlock`).
+      max_labels: a static label length U for the `labels` input (None: any; `lstm_unroll`
+        needs it).
       name: model name.
 
     Returns:
@@ -443,11 +471,14 @@ def build_conformer_transducer(vocab_size=1025, num_mel_bins=80, d_model=512, nu
         raise ValueError(f"output must be 'lattice' or 'logits', got {output!r}.")
     features = keras.Input((None, num_mel_bins), name="features")
     feature_lengths = keras.Input((), dtype="int32", name="feature_lengths")
-    labels = keras.Input((None,), dtype="int32", name="labels")
+    if lstm_unroll and max_labels is None:
+        raise ValueError("lstm_unroll=True needs a static label length (max_labels).")
+    labels = keras.Input((max_labels,), dtype="int32", name="labels")
     encoder = ConformerEncoder(num_mel_bins, d_model, num_blocks, num_heads, ff_dim,
-                               conv_kernel_size, subsampling_channels, dropout, name="encoder")
+                               conv_kernel_size, subsampling_channels, dropout,
+                               attention=attention, name="encoder")
     predictor = LSTMPredictor(vocab_size, embedding_dim, predictor_dim, blank, dropout,
-                              use_cudnn=lstm_use_cudnn, name="predictor")
+                              use_cudnn=lstm_use_cudnn, unroll=lstm_unroll, name="predictor")
     joint = RNNTJoint(vocab_size, joint_dim, blank=blank, mode=joint_mode, name="joint")
     frames = encoder([features, feature_lengths])  # with the frames' Keras mask
     frame_lengths = output_lengths(feature_lengths)
