@@ -59,6 +59,8 @@ class RNNTJoint(keras.layers.Layer):
       pad_value: label padding id (negative, or the blank).
       all_frames_valid: without `logit_lengths` or a mask, take every frame as valid instead of
         raising (for unpadded batches only).
+      gpu_kernel: `tf_rnnt.joint_lattice`'s GPU kernel path: "auto", "fused" or "cublas" (no
+        effect on the CPU).
       **kwargs: `keras.layers.Layer` arguments (name, dtype, trainable, ...).
 
     Example:
@@ -73,7 +75,7 @@ class RNNTJoint(keras.layers.Layer):
 
     def __init__(self, vocab_size, units, activation="tanh", blank=0, mode="tiled",
                  tile_size=None, memory_budget=None, pad_value=-1, all_frames_valid=False,
-                 **kwargs):
+                 gpu_kernel="auto", **kwargs):
         super().__init__(**kwargs)
         owner = "RNNTJoint"
         vocab_size = contract.check_positive_int(vocab_size, "vocab_size", owner,
@@ -92,6 +94,8 @@ class RNNTJoint(keras.layers.Layer):
         self.mode = mode
         self.tile_size = tile_size
         self.memory_budget = memory_budget
+        self.gpu_kernel = contract.check_choice(gpu_kernel, contract.GPU_KERNELS, "gpu_kernel",
+                                                owner)
         self.pad_value = check_pad_value(pad_value, self._blank_id, vocab_size, "RNNTJoint")
         self._jit_warned = False
 
@@ -210,7 +214,7 @@ class RNNTJoint(keras.layers.Layer):
                 encoder, predictor, self._weight(self.kernel), self._weight(self.bias),
                 clean_labels, logit_lengths, label_lengths, blank=self._blank_id,
                 activation=self.activation, mode=self.mode, tile_size=self.tile_size,
-                memory_budget=self.memory_budget)
+                memory_budget=self.memory_budget, gpu_kernel=self.gpu_kernel)
         lattice = mark_lattice_padding(lattice, logit_lengths, label_lengths)
         # The blank code: the label channel at u = U is never read by the loss.
         num_nodes = tf.shape(lattice)[2]
@@ -258,5 +262,5 @@ class RNNTJoint(keras.layers.Layer):
         config.update(vocab_size=self.vocab_size, units=self.units, activation=self.activation,
                       blank=self.blank, mode=self.mode, tile_size=self.tile_size,
                       memory_budget=self.memory_budget, pad_value=self.pad_value,
-                      all_frames_valid=self.all_frames_valid)
+                      all_frames_valid=self.all_frames_valid, gpu_kernel=self.gpu_kernel)
         return config
