@@ -1,8 +1,9 @@
 // XLA support of the TDT lattice loss: TfRnntTdtLatticeLoss lowers to the typed-FFI custom call
 // "tf_rnnt_tdt_lattice_loss", whose Host and CUDA handlers call the same core launchers as the
-// TensorFlow kernels (tdt_ops.cc). As in xla_lowering.cc, the XLA kernels are registered directly for
-// the XLA_CPU_JIT / XLA_GPU_JIT devices, the alphas and betas are a workspace result of the call,
-// and lengths are validated on the host (copied there on the GPU, which synchronizes the stream).
+// TensorFlow kernels (tdt_ops.cc). As in xla_lowering.cc, the XLA kernels are registered directly
+// for the XLA_CPU_JIT / XLA_GPU_JIT devices, the alphas and betas are a workspace result of the
+// call, and lengths are validated on the host (copied there on the GPU, which synchronizes the
+// stream).
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
