@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from report import fmt_bytes, fmt_rate  # noqa: E402
 
 import tf_rnnt  # noqa: E402
 from tf_rnnt import reference  # noqa: E402
@@ -155,18 +156,6 @@ def matmul_rate(dtype, n=8192, repeats=10):
 
     seconds = time_fn(mm, 2, repeats)
     return 4 * 2 * n**3 / seconds
-
-
-def fmt_bytes(b):
-    if b <= 0:  # on the CPU: the process's high-water mark did not grow
-        return "-"
-    return f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
-
-
-def fmt_rate(flops_per_second):
-    if flops_per_second >= 1e12:
-        return f"{flops_per_second / 1e12:.1f} TFLOP/s"
-    return f"{flops_per_second / 1e9:.1f} GFLOP/s"
 
 
 def suite_loss(args, lines, results):

@@ -35,6 +35,19 @@ class LogitsHead(keras.layers.Layer):
         return (input_shape[0][0], input_shape[0][1], input_shape[1][1], self.joint.vocab_size)
 
 
+def labels_and_lengths(y_true, y_pred):
+    """int32 `(labels, logit_lengths, label_lengths)` of a baseline loss' inputs: labels padded
+    with -1, frame lengths from the logits' Keras mask (all frames without one)."""
+    mask = getattr(y_pred, "_keras_mask", None)
+    labels = tf.cast(tf.round(y_true), tf.int32)
+    label_lengths = tf.reduce_sum(tf.cast(labels >= 0, tf.int32), axis=1)
+    if mask is None:
+        logit_lengths = tf.fill([tf.shape(y_pred)[0]], tf.shape(y_pred)[1])
+    else:
+        logit_lengths = tf.reduce_sum(tf.cast(mask, tf.int32), axis=1)
+    return labels, logit_lengths, label_lengths
+
+
 class ReferenceRNNTLoss(keras.losses.Loss):
     """tf_rnnt.reference.rnnt_loss (pure TensorFlow, autodiff) on full logits, frame lengths from
     their Keras mask: what a TensorFlow user writes today.
@@ -49,13 +62,7 @@ class ReferenceRNNTLoss(keras.losses.Loss):
         self.per_sample = reduction is None
 
     def __call__(self, y_true, y_pred, sample_weight=None):
-        mask = getattr(y_pred, "_keras_mask", None)
-        labels = tf.cast(tf.round(y_true), tf.int32)
-        label_lengths = tf.reduce_sum(tf.cast(labels >= 0, tf.int32), axis=1)
-        if mask is None:
-            logit_lengths = tf.fill([tf.shape(y_pred)[0]], tf.shape(y_pred)[1])
-        else:
-            logit_lengths = tf.reduce_sum(tf.cast(mask, tf.int32), axis=1)
+        labels, logit_lengths, label_lengths = labels_and_lengths(y_true, y_pred)
         costs = reference.rnnt_loss(y_pred, tf.maximum(labels, 0), logit_lengths, label_lengths,
                                     blank=self.blank)
         if self.per_sample:

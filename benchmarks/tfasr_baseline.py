@@ -180,6 +180,7 @@ def make_loss_class():
     """`TFASRRNNTLoss`, a Keras loss (defined on first use: this module imports no Keras)."""
     import keras
     import tensorflow as tf
+    from keras_baselines import labels_and_lengths
 
     class TFASRRNNTLoss(keras.losses.Loss):
         """TensorFlowASR's RNN-T loss on full logits, frame lengths from their Keras mask, labels
@@ -191,13 +192,7 @@ def make_loss_class():
             self.per_sample = reduction is None
 
         def __call__(self, y_true, y_pred, sample_weight=None):
-            mask = getattr(y_pred, "_keras_mask", None)
-            labels = tf.cast(tf.round(y_true), tf.int32)
-            label_lengths = tf.reduce_sum(tf.cast(labels >= 0, tf.int32), axis=1)
-            if mask is None:
-                logit_lengths = tf.fill([tf.shape(y_pred)[0]], tf.shape(y_pred)[1])
-            else:
-                logit_lengths = tf.reduce_sum(tf.cast(mask, tf.int32), axis=1)
+            labels, logit_lengths, label_lengths = labels_and_lengths(y_true, y_pred)
             costs = tfasr_rnnt_loss(tf.cast(y_pred, tf.float32), labels, logit_lengths,
                                     label_lengths)
             if self.per_sample:

@@ -53,31 +53,50 @@ def alpha_beta(lattice_b, num_frames, num_labels):
     """
     blank = lattice_b[:num_frames, :num_labels + 1, 0]
     label = lattice_b[:num_frames, :num_labels + 1, 1]
+
+    def into(alpha, t, u):
+        terms = []
+        if t > 0:
+            terms.append(alpha[t - 1, u] + blank[t - 1, u])
+        if u > 0:
+            terms.append(alpha[t, u - 1] + label[t, u - 1])
+        return terms
+
+    def out_of(beta, t, u):
+        if t == num_frames - 1 and u == num_labels:
+            return [blank[t, u]]
+        terms = []
+        if t < num_frames - 1:
+            terms.append(beta[t + 1, u] + blank[t, u])
+        if u < num_labels:
+            terms.append(beta[t, u + 1] + label[t, u])
+        return terms
+
+    return (_forward_table(num_frames, num_labels, into),
+            _backward_table(num_frames, num_labels, out_of))
+
+
+def _forward_table(num_frames, num_labels, terms):
+    """alpha [T, U+1] from alpha[0, 0] = 0: alpha[t, u] = logsumexp(terms(alpha, t, u)),
+    node by node in increasing t, then u."""
     alpha = np.full((num_frames, num_labels + 1), -np.inf)
     alpha[0, 0] = 0.0
     for t in range(num_frames):
         for u in range(num_labels + 1):
             if t == 0 and u == 0:
                 continue
-            terms = []
-            if t > 0:
-                terms.append(alpha[t - 1, u] + blank[t - 1, u])
-            if u > 0:
-                terms.append(alpha[t, u - 1] + label[t, u - 1])
-            alpha[t, u] = np.logaddexp.reduce(terms)
+            alpha[t, u] = np.logaddexp.reduce(terms(alpha, t, u))
+    return alpha
+
+
+def _backward_table(num_frames, num_labels, terms):
+    """beta [T, U+1]: beta[t, u] = logsumexp(terms(beta, t, u)), node by node in decreasing t,
+    then u."""
     beta = np.full((num_frames, num_labels + 1), -np.inf)
     for t in reversed(range(num_frames)):
         for u in reversed(range(num_labels + 1)):
-            if t == num_frames - 1 and u == num_labels:
-                beta[t, u] = blank[t, u]
-                continue
-            terms = []
-            if t < num_frames - 1:
-                terms.append(beta[t + 1, u] + blank[t, u])
-            if u < num_labels:
-                terms.append(beta[t, u + 1] + label[t, u])
-            beta[t, u] = np.logaddexp.reduce(terms)
-    return alpha, beta
+            beta[t, u] = np.logaddexp.reduce(terms(beta, t, u))
+    return beta
 
 
 def lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda=0.0, clamp=-1.0,
@@ -88,21 +107,15 @@ def lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda=0.0, cla
     the cost unchanged; then, when clamp > 0, the gradient is clipped to [-clamp, clamp];
     the upstream gradient multiplies last.
     """
-    lattice = np.asarray(lattice, np.float64)
-    batch = lattice.shape[0]
-    costs = np.zeros(batch)
-    grad = np.zeros_like(lattice)
-    upstream = np.ones(batch) if upstream is None else np.asarray(upstream, np.float64)
-    for b in range(batch):
-        num_frames, num_labels = int(logit_lengths[b]), int(label_lengths[b])
-        alpha, beta = alpha_beta(lattice[b], num_frames, num_labels)
+
+    def sample(lattice_b, num_frames, num_labels):
+        alpha, beta = alpha_beta(lattice_b, num_frames, num_labels)
         log_p = beta[0, 0]
         # The two directions must agree: a built-in self-check of the oracle.
-        forward_log_p = alpha[-1, -1] + lattice[b, num_frames - 1, num_labels, 0]
+        forward_log_p = alpha[-1, -1] + lattice_b[num_frames - 1, num_labels, 0]
         assert np.isclose(log_p, forward_log_p, rtol=1e-9, atol=1e-9), (log_p, forward_log_p)
-        costs[b] = -log_p
-        blank = lattice[b, :num_frames, :num_labels + 1, 0]
-        label = lattice[b, :num_frames, :num_labels + 1, 1]
+        blank = lattice_b[:num_frames, :num_labels + 1, 0]
+        label = lattice_b[:num_frames, :num_labels + 1, 1]
         # beta at the next node, with the terminal blank leading to "done" (log 1 = 0).
         beta_next_t = np.full_like(beta, -np.inf)
         beta_next_t[:-1] = beta[1:]
@@ -111,7 +124,26 @@ def lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda=0.0, cla
         g_label = np.zeros_like(g_blank)
         g_label[:, :-1] = -np.exp(alpha[:, :-1] + label[:, :-1] + beta[:, 1:] - log_p)
         g_label *= 1.0 + fastemit_lambda
-        g = np.stack([g_blank, g_label], axis=-1)
+        return -log_p, np.stack([g_blank, g_label], axis=-1)
+
+    return _batch_loss(np.asarray(lattice, np.float64), logit_lengths, label_lengths, clamp,
+                       upstream, sample)
+
+
+def _batch_loss(lattice, logit_lengths, label_lengths, clamp, upstream, sample):
+    """Costs [B] and d (sum_b upstream[b] * cost_b) / d lattice from the per-sample
+    `sample(lattice[b], num_frames, num_labels) -> (cost, d cost / d lattice[b]'s valid
+    rectangle, or None for a zero gradient)`, the gradient clipped to [-clamp, clamp] when
+    clamp > 0, then times upstream."""
+    batch = lattice.shape[0]
+    costs = np.zeros(batch)
+    grad = np.zeros_like(lattice)
+    upstream = np.ones(batch) if upstream is None else np.asarray(upstream, np.float64)
+    for b in range(batch):
+        num_frames, num_labels = int(logit_lengths[b]), int(label_lengths[b])
+        costs[b], g = sample(lattice[b], num_frames, num_labels)
+        if g is None:
+            continue
         if clamp > 0:
             g = np.clip(g, -clamp, clamp)
         grad[b, :num_frames, :num_labels + 1] = g * upstream[b]
@@ -337,40 +369,38 @@ def tdt_alpha_beta(lattice_b, num_frames, num_labels, durations):
     """
     blank, label = lattice_b[..., 0], lattice_b[..., 1]
     dur = lattice_b[..., 2:]
-    alpha = np.full((num_frames, num_labels + 1), -np.inf)
-    alpha[0, 0] = 0.0
-    for t in range(num_frames):
-        for u in range(num_labels + 1):
-            if t == 0 and u == 0:
+
+    def into(alpha, t, u):
+        terms = [-np.inf]
+        for i, d in enumerate(durations):
+            if t - d < 0:
                 continue
-            terms = [-np.inf]
-            for i, d in enumerate(durations):
-                if t - d < 0:
-                    continue
-                if d >= 1:
-                    terms.append(alpha[t - d, u] + blank[t - d, u] + dur[t - d, u, i])
-                if u >= 1:
-                    terms.append(alpha[t - d, u - 1] + label[t - d, u - 1] + dur[t - d, u - 1, i])
-            alpha[t, u] = np.logaddexp.reduce(terms)
+            if d >= 1:
+                terms.append(alpha[t - d, u] + blank[t - d, u] + dur[t - d, u, i])
+            if u >= 1:
+                terms.append(alpha[t - d, u - 1] + label[t - d, u - 1] + dur[t - d, u - 1, i])
+        return terms
+
+    alpha = _forward_table(num_frames, num_labels, into)
     final = [-np.inf]
     for i, d in enumerate(durations):
         t = num_frames - d
         if d >= 1 and t >= 0:
             final.append(alpha[t, num_labels] + blank[t, num_labels] + dur[t, num_labels, i])
     log_p = np.logaddexp.reduce(final)
-    beta = np.full((num_frames, num_labels + 1), -np.inf)
-    for t in reversed(range(num_frames)):
-        for u in reversed(range(num_labels + 1)):
-            terms = [-np.inf]
-            for i, d in enumerate(durations):
-                if d >= 1 and t + d < num_frames:
-                    terms.append(beta[t + d, u] + blank[t, u] + dur[t, u, i])
-                if d >= 1 and t + d == num_frames and u == num_labels:
-                    terms.append(blank[t, u] + dur[t, u, i])
-                if u < num_labels and t + d < num_frames:
-                    terms.append(beta[t + d, u + 1] + label[t, u] + dur[t, u, i])
-            beta[t, u] = np.logaddexp.reduce(terms)
-    return alpha, beta, log_p
+
+    def out_of(beta, t, u):
+        terms = [-np.inf]
+        for i, d in enumerate(durations):
+            if d >= 1 and t + d < num_frames:
+                terms.append(beta[t + d, u] + blank[t, u] + dur[t, u, i])
+            if d >= 1 and t + d == num_frames and u == num_labels:
+                terms.append(blank[t, u] + dur[t, u, i])
+            if u < num_labels and t + d < num_frames:
+                terms.append(beta[t + d, u + 1] + label[t, u] + dur[t, u, i])
+        return terms
+
+    return alpha, _backward_table(num_frames, num_labels, out_of), log_p
 
 
 def tdt_lattice_loss(lattice, logit_lengths, label_lengths, durations, fastemit_lambda=0.0,
@@ -384,19 +414,13 @@ def tdt_lattice_loss(lattice, logit_lengths, label_lengths, durations, fastemit_
     when clamp > 0, every channel is clipped to [-clamp, clamp]; the upstream gradient
     multiplies last. A sample without any alignment costs +inf with a zero gradient.
     """
-    lattice = np.asarray(lattice, np.float64)
     durations = [int(d) for d in durations]
-    batch = lattice.shape[0]
-    costs = np.zeros(batch)
-    grad = np.zeros_like(lattice)
-    upstream = np.ones(batch) if upstream is None else np.asarray(upstream, np.float64)
-    for b in range(batch):
-        num_frames, num_labels = int(logit_lengths[b]), int(label_lengths[b])
-        lat = lattice[b, :num_frames, :num_labels + 1]
+
+    def sample(lattice_b, num_frames, num_labels):
+        lat = lattice_b[:num_frames, :num_labels + 1]
         alpha, beta, log_p = tdt_alpha_beta(lat, num_frames, num_labels, durations)
-        costs[b] = -log_p
         if not np.isfinite(log_p):
-            continue
+            return -log_p, None
         # Both directions must agree: a built-in self-check of the oracle.
         assert np.isclose(beta[0, 0], log_p, rtol=1e-9, atol=1e-9), (beta[0, 0], log_p)
         g = np.zeros_like(lat)
@@ -416,10 +440,10 @@ def tdt_lattice_loss(lattice, logit_lengths, label_lengths, durations, fastemit_
                     g[t, u, 0] -= p_blank
                     g[t, u, 1] -= (1.0 + fastemit_lambda) * p_label
                     g[t, u, 2 + i] -= p_blank + p_label
-        if clamp > 0:
-            g = np.clip(g, -clamp, clamp)
-        grad[b, :num_frames, :num_labels + 1] = g * upstream[b]
-    return costs, grad
+        return -log_p, g
+
+    return _batch_loss(np.asarray(lattice, np.float64), logit_lengths, label_lengths, clamp,
+                       upstream, sample)
 
 
 def tdt_logits_grad_from_lattice_grad(logits, labels, lattice_grad, durations, blank=0):

@@ -6,10 +6,12 @@ Importable in every test (tests/, examples/*/tests, benchmarks/tests) through py
 `pythonpath` setting in pyproject.toml, as `oracle` is.
 """
 
+import importlib.util
 import os
 
 import keras
 import numpy as np
+import oracle
 import pytest
 import tensorflow as tf
 
@@ -48,6 +50,14 @@ HALF_DTYPES = [
 GRAPH_MODES = ["eager", "function", "function_dynamic_shapes"]
 
 
+def load_module(name, path):
+    """The Python file at `path`, executed as a fresh module called `name`."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def compile_for(fn, graph_mode, args):
     """`fn` wrapped for `graph_mode` ("eager", "function", "function_dynamic_shapes")."""
     if graph_mode == "eager":
@@ -58,6 +68,47 @@ def compile_for(fn, graph_mode, args):
         specs = [tf.TensorSpec([None] * len(a.shape), a.dtype) for a in args]
         return tf.function(fn, input_signature=specs)
     raise ValueError(graph_mode)
+
+
+def logits_loss_and_gradient(loss_fn, logits, labels, logit_lengths, label_lengths, upstream,
+                             device, graph_mode, dtype, logits_source=tf.float32,
+                             upstream_dtype=tf.float32, **options):
+    """Costs and d (sum upstream * costs) / d logits of a logits loss, as tensors.
+
+    `loss_fn(logits, labels, logit_lengths, label_lengths, **options)`; the logits are made
+    `logits_source` then cast to `dtype`, `upstream` (ones by default) is made `upstream_dtype`.
+    """
+    upstream = np.ones(np.shape(logits)[0]) if upstream is None else upstream
+
+    def step(logits, labels, logit_lengths, label_lengths, upstream):
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            costs = loss_fn(logits, labels, logit_lengths, label_lengths, **options)
+            total = tf.reduce_sum(costs * upstream)
+        return costs, tape.gradient(total, logits)
+
+    with tf.device(device):
+        args = [tf.cast(tf.constant(logits, logits_source), dtype), tf.constant(labels),
+                tf.constant(logit_lengths), tf.constant(label_lengths),
+                tf.constant(upstream, upstream_dtype)]
+        return compile_for(step, graph_mode, args)(*args)
+
+
+def padded_rnnt_problem(seed, frame_lengths, vocab, pad):
+    """A batch of 3 with label lengths [3, 1, 2] (labels `pad` past them), and oracle costs.
+
+    Returns `(logits [3, max(frame_lengths), 4, vocab] float32, labels, frame_lengths,
+    label_lengths, costs)`, the costs float64 from oracle.rnnt_loss (blank 0).
+    """
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(3, max(frame_lengths), 4, vocab)).astype(np.float32)
+    label_lengths = np.array([3, 1, 2])
+    labels = rng.integers(1, vocab, size=(3, 3)).astype(np.int32)
+    labels[np.arange(3)[None, :] >= label_lengths[:, None]] = pad
+    frame_lengths = np.array(frame_lengths)
+    costs, _ = oracle.rnnt_loss(logits, np.where(labels == pad, 0, labels), frame_lengths,
+                                label_lengths)
+    return logits, labels, frame_lengths, label_lengths, costs
 
 
 def make_runner(loss_fn, device="/CPU:0", dtype=tf.float32, graph_mode="eager", **options):

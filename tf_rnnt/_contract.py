@@ -314,6 +314,18 @@ def check_same_dims(dims, what, owner):
         raise ValueError(f"{owner}: {what} disagree: {detail}")
 
 
+def lattice_lengths(lattice, logit_lengths, label_lengths, owner):
+    """int32 `(logit_lengths, label_lengths)` of a lattice loss; ValueError when the statically
+    known batch sizes of the lattice and both lengths disagree."""
+    logit_lengths = int32_tensor(logit_lengths, "logit_lengths", owner)
+    label_lengths = int32_tensor(label_lengths, "label_lengths", owner)
+    check_same_dims(
+        {"lattice": static_dim(lattice, 0),
+         "logit_lengths": static_dim(logit_lengths, 0),
+         "label_lengths": static_dim(label_lengths, 0)}, "batch sizes", owner)
+    return logit_lengths, label_lengths
+
+
 def check_joint_dims(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths,
                       owner):
     """ValueError when statically known sizes of a joint loss' inputs disagree.

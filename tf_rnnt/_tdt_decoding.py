@@ -73,6 +73,14 @@ def _split_logits(logits, num_durations, blank, owner):
     return token_logits, duration_logits, blank, vocab_size
 
 
+def _check_search_args(durations, max_symbols_per_frame, blank, owner):
+    """Checked `(durations, max_symbols_per_frame, blank)` of a TDT search."""
+    durations = contract.check_durations(durations, owner)
+    symbols = contract.check_positive_int(max_symbols_per_frame, "max_symbols_per_frame", owner,
+                                          maximum=2**20, allow_none=False)
+    return durations, symbols, contract.check_blank(blank, owner)
+
+
 def _check_search_inputs(encoder_out, encoder_lengths, state, keys, owner, beam=False):
     """Tensors of a search's inputs; ValueError on a wrong rank, missing state entries, or
     statically known batch sizes (and beam sizes) that disagree. Batch sizes known only at run
@@ -135,7 +143,8 @@ def _where(condition, new, old):
 
 
 def _keep_shapes(new, old):
-    """`new` with the static shapes of `old` (while-loop variables keep their shapes)."""
+    """`new` with the static shapes of `old` (loop variables keep their shapes: where and
+    gather with tensor shapes can forget them, and a static shape must stay static for TFLite)."""
 
     def restore(n, o):
         n.set_shape(n.shape.merge_with(o.shape))
@@ -152,6 +161,28 @@ def _fold(x):  # [B, K, ...] -> [B * K, ...]
 def _unfold(x, batch):  # [B * K, ...] -> [B, K, ...]
     shape = tf.shape(x)
     return tf.reshape(x, tf.concat([[batch, shape[0] // batch], shape[1:]], 0))
+
+
+def _extend_hypotheses(tokens, lengths, state, source, label, emit, positions, blank_id,
+                       predictor_step, batch):
+    """Beam hypotheses `source` `[B, K]` of `tokens` `[B, K', S]`, each extended by its `label`
+    where `emit` (at `positions` `[S]` = range(S)), the predictor stepped on them (B = `batch`).
+
+    Returns:
+      `(tokens, lengths, predictor)`, predictor `{"predictor_out", "predictor_state"}`.
+    """
+    new_tokens = tf.gather(tokens, source, batch_dims=1)
+    new_lengths = tf.gather(lengths, source, batch_dims=1)
+    write = emit[:, :, None] & tf.equal(positions[None, None, :], new_lengths[:, :, None])
+    new_tokens = tf.where(write, label[:, :, None], new_tokens)
+    predictor = tf.nest.map_structure(
+        lambda x: tf.gather(x, source, axis=1, batch_dims=1),
+        {"predictor_out": state["predictor_out"], "predictor_state": state["predictor_state"]})
+    out, pred_state = predictor_step(_fold(tf.where(emit, label, blank_id)),
+                                     tf.nest.map_structure(_fold, predictor["predictor_state"]))
+    stepped = {"predictor_out": _unfold(out, batch),
+               "predictor_state": tf.nest.map_structure(lambda x: _unfold(x, batch), pred_state)}
+    return new_tokens, new_lengths + tf.cast(emit, tf.int32), _where(emit, stepped, predictor)
 
 
 def _frame_lengths(encoder_out, encoder_lengths):
@@ -215,10 +246,7 @@ def tdt_greedy_search(encoder_out, encoder_lengths, state, joint_fn, predictor_s
       (`tf_rnnt.decoding.compact_tokens` squeezes out the empty slots).
     """
     owner = "tf_rnnt.decoding.tdt_greedy_search"
-    durations = contract.check_durations(durations, owner)
-    symbols = contract.check_positive_int(max_symbols_per_frame, "max_symbols_per_frame", owner,
-                                          maximum=2**20, allow_none=False)
-    blank = contract.check_blank(blank, owner)
+    durations, symbols, blank = _check_search_args(durations, max_symbols_per_frame, blank, owner)
     encoder_out, encoder_lengths, state = _check_search_inputs(
         encoder_out, encoder_lengths, state, _GREEDY_KEYS, owner)
     batch = tf.shape(encoder_out)[0]
@@ -353,10 +381,7 @@ def tdt_beam_search(encoder_out, encoder_lengths, state, joint_fn, predictor_ste
       The new state; `tf_rnnt.decoding.best_hypothesis` reads the best labels from it.
     """
     owner = "tf_rnnt.decoding.tdt_beam_search"
-    durations = contract.check_durations(durations, owner)
-    symbols = contract.check_positive_int(max_symbols_per_frame, "max_symbols_per_frame", owner,
-                                          maximum=2**20, allow_none=False)
-    blank = contract.check_blank(blank, owner)
+    durations, symbols, blank = _check_search_args(durations, max_symbols_per_frame, blank, owner)
     encoder_out, encoder_lengths, state = _check_search_inputs(
         encoder_out, encoder_lengths, state, _BEAM_KEYS, owner, beam=True)
     num_durations = len(durations)
@@ -449,22 +474,10 @@ def tdt_beam_search(encoder_out, encoder_lengths, state, joint_fn, predictor_ste
             return tf.gather(x, pick, batch_dims=1)
 
         source, label, emit = take(source), take(label), take(emit) & (best > minus_inf)
-        new_tokens = tf.gather(tokens, source, batch_dims=1)
-        new_lengths = tf.gather(hyp_lengths, source, batch_dims=1)
-        write = emit[:, :, None] & tf.equal(positions[None, None, :], new_lengths[:, :, None])
-        new_tokens = tf.where(write, label[:, :, None], new_tokens)
-        predictor = tf.nest.map_structure(
-            lambda x: tf.gather(x, source, axis=1, batch_dims=1),
-            {"predictor_out": pool["predictor_out"],
-             "predictor_state": pool["predictor_state"]})
-        out, pred_state = predictor_step(_fold(tf.where(emit, label, blank_id)),
-                                         tf.nest.map_structure(_fold, predictor["predictor_state"]))
-        stepped = {"predictor_out": _unfold(out, batch),
-                   "predictor_state": tf.nest.map_structure(lambda x: _unfold(x, batch),
-                                                            pred_state)}
-        predictor = _where(emit, stepped, predictor)
-        new_pool = dict(predictor, scores=best, tokens=new_tokens,
-                        lengths=new_lengths + tf.cast(emit, tf.int32))
+        new_tokens, new_lengths, predictor = _extend_hypotheses(
+            tokens, hyp_lengths, pool, source, label, emit, positions, blank_id, predictor_step,
+            batch)
+        new_pool = dict(predictor, scores=best, tokens=new_tokens, lengths=new_lengths)
         new = (take(new_arrival), take(new_count), new_pool)
         return _keep_shapes(_where(sample_active, new, (arrival, count, pool)),
                             (arrival, count, pool))

@@ -31,6 +31,11 @@ neural networks"): their probabilities are added (`merge="sum"`) or the better o
 import tensorflow as tf
 
 from tf_rnnt._tdt_decoding import (  # noqa: F401  (TDT searches, public here)
+    _batch_size,
+    _extend_hypotheses,
+    _fold,
+    _keep_shapes,
+    _unfold,
     tdt_beam_initial_state,
     tdt_beam_search,
     tdt_greedy_initial_state,
@@ -56,10 +61,6 @@ def joint_fn_from_layer(joint):
         return tf.cast(logits[:, 0, 0, :], tf.float32)
 
     return joint_fn
-
-
-def _batch_size(nest):
-    return tf.shape(tf.nest.flatten(nest)[0])[0]
 
 
 def _check_int(value, name, minimum):
@@ -235,27 +236,6 @@ def beam_initial_state(predictor_step, predictor_state, beam_size, blank=0, voca
             "predictor_state": tf.nest.map_structure(tile, start["predictor_state"])}
 
 
-def _keep_shapes(new, old):
-    """`new` with the static shapes of `old` (loop variables keep their shapes: where and
-    gather with tensor shapes can forget them, and a static shape must stay static for TFLite)."""
-
-    def restore(n, o):
-        n.set_shape(n.shape.merge_with(o.shape))
-        return n
-
-    return tf.nest.map_structure(restore, new, old)
-
-
-def _fold(x):  # [B, K, ...] -> [B * K, ...]
-    shape = tf.shape(x)
-    return tf.reshape(x, tf.concat([[shape[0] * shape[1]], shape[2:]], 0))
-
-
-def _unfold(x, batch):  # [B * K, ...] -> [B, K, ...]
-    shape = tf.shape(x)
-    return tf.reshape(x, tf.concat([[batch, shape[0] // batch], shape[1:]], 0))
-
-
 def beam_search(encoder_out, encoder_lengths, state, joint_fn, predictor_step, blank=0,
                 merge="sum"):
     """Modified beam search (one symbol per frame) over a chunk of encoder frames.
@@ -329,25 +309,9 @@ def beam_search(encoder_out, encoder_lengths, state, joint_fn, predictor_step, b
         source = index // vocab  # [B, K]
         label = index % vocab
         emit = tf.not_equal(label, blank_id) & (best > float("-inf"))
-        new_tokens = tf.gather(tokens, source, axis=1, batch_dims=1)
-        new_lengths = tf.gather(lengths, source, axis=1, batch_dims=1)
-        write = emit[:, :, None] & tf.equal(positions[None, None, :], new_lengths[:, :, None])
-        new_tokens = tf.where(write, label[:, :, None], new_tokens)
-        new_lengths += tf.cast(emit, tf.int32)
-        gathered = tf.nest.map_structure(
-            lambda x: tf.gather(x, source, axis=1, batch_dims=1),
-            {"predictor_out": state["predictor_out"],
-             "predictor_state": state["predictor_state"]})
-        out, pred_state = predictor_step(_fold(tf.where(emit, label, blank_id)),
-                                         tf.nest.map_structure(_fold, gathered["predictor_state"]))
-        stepped = {"predictor_out": _unfold(out, batch),
-                   "predictor_state": tf.nest.map_structure(lambda x: _unfold(x, batch),
-                                                            pred_state)}
-        gathered = tf.nest.map_structure(
-            lambda new, old: tf.where(
-                tf.reshape(emit, tf.concat([tf.shape(emit), tf.ones([tf.rank(old) - 2],
-                                                                    tf.int32)], 0)), new, old),
-            stepped, gathered)
+        new_tokens, new_lengths, gathered = _extend_hypotheses(
+            tokens, lengths, state, source, label, emit, positions, blank_id, predictor_step,
+            batch)
         new = dict(gathered, scores=best, tokens=new_tokens, lengths=new_lengths)
         return t + 1, _keep_shapes(_select(t < encoder_lengths, new, state), state)
 

@@ -98,6 +98,14 @@ def _check_flat_state(state, size, argument, batch=None):
     return checks
 
 
+def _checked_chunk(chunk, rank_message, state, state_size, state_argument):
+    """`(chunk, state)` behind run-time checks: chunk of rank 3, state a flat one of its batch."""
+    checks = [tf.debugging.assert_rank(chunk, 3, message=rank_message)]
+    checks += _check_flat_state(state, state_size, state_argument, tf.shape(chunk)[0])
+    with tf.control_dependencies(checks):  # the state too: unflattening it reshapes it
+        return tf.identity(chunk), tf.identity(state)
+
+
 class StreamingTranscriber(tf.Module):
     """The streaming signatures of a transducer (see the module docstring).
 
@@ -185,20 +193,16 @@ class StreamingTranscriber(tf.Module):
                 "decoder_state": self._decoder_state.flatten(self._greedy_start(batch_size))}
 
     def _encode_chunk(self, features, encoder_state):
-        checks = [tf.debugging.assert_rank(features, 3, message="`features` must be [B, C, F]")]
-        checks += _check_flat_state(encoder_state, self.encoder_state_size, "encoder_state",
-                                    tf.shape(features)[0])
-        with tf.control_dependencies(checks):  # the state too: unflattening it reshapes it
-            features, encoder_state = tf.identity(features), tf.identity(encoder_state)
+        features, encoder_state = _checked_chunk(features, "`features` must be [B, C, F]",
+                                                 encoder_state, self.encoder_state_size,
+                                                 "encoder_state")
         frames, state = self.encoder.stream(features, self._encoder_state.unflatten(encoder_state))
         return {"frames": frames, "encoder_state": self._encoder_state.flatten(state)}
 
     def _decode_chunk(self, frames, decoder_state):
-        checks = [tf.debugging.assert_rank(frames, 3, message="`frames` must be [B, C', D]")]
-        checks += _check_flat_state(decoder_state, self.decoder_state_size, "decoder_state",
-                                    tf.shape(frames)[0])
-        with tf.control_dependencies(checks):  # the state too: unflattening it reshapes it
-            frames, decoder_state = tf.identity(frames), tf.identity(decoder_state)
+        frames, decoder_state = _checked_chunk(frames, "`frames` must be [B, C', D]",
+                                               decoder_state, self.decoder_state_size,
+                                               "decoder_state")
         lengths = tf.fill([tf.shape(frames)[0]], tf.shape(frames)[1])
         tokens, state = self._greedy(frames, lengths, decoder_state)
         return {"tokens": tokens, "text": self._text(tokens), "decoder_state": state}

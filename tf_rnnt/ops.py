@@ -187,12 +187,8 @@ def _lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda, clamp,
     lattice = tf.cast(lattice, tf.float32)
     if contract.static_dim(lattice, 3) not in (None, 2):
         raise ValueError(f"{owner}: lattice must have shape [B, T, U+1, 2], got {lattice.shape}")
-    logit_lengths = contract.int32_tensor(logit_lengths, "logit_lengths", owner)
-    label_lengths = contract.int32_tensor(label_lengths, "label_lengths", owner)
-    contract.check_same_dims(
-        {"lattice": contract.static_dim(lattice, 0),
-         "logit_lengths": contract.static_dim(logit_lengths, 0),
-         "label_lengths": contract.static_dim(label_lengths, 0)}, "batch sizes", owner)
+    logit_lengths, label_lengths = contract.lattice_lengths(lattice, logit_lengths, label_lengths,
+                                                           owner)
     if _xla_fallback("lattice_loss", "keras.FlashRNNTLoss and keras.RNNTLoss",
                      "Lengths are not validated there."):
         return _reference.lattice_loss(lattice, logit_lengths, label_lengths,

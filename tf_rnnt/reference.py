@@ -65,20 +65,19 @@ def _token_picks(logits, labels, blank):
 _LOG_ZERO = -1e30
 
 
-def _alpha_cost(lattice, logit_lengths, label_lengths):
-    """-log P(y|x) per sample by the alpha recursion (Graves 2012, eq. 16-18).
+def _skewed_lattice(lattice, logit_lengths, label_lengths):
+    """A `[B, T, U+1, C]` lattice laid out by anti-diagonal n = t + u, with checked lengths.
 
-    The recursion runs over anti-diagonals n = t + u, so each of the T + U steps
-    is one vectorized update:
-    alpha[t, u] = logaddexp(alpha[t-1, u] + blank[t-1, u], alpha[t, u-1] + label[t, u-1]).
+    Returns:
+        `(batch, max_u1, logit_lengths, label_lengths, skewed, on_lattice)`: `skewed[n, b, u]`
+        is `lattice[b, n - u, u]` (`[N, B, U+1, C]`, `_LOG_ZERO` off the lattice) and
+        `on_lattice[n, u]` says whether `(n - u, u)` is a lattice node.
     """
-    lattice = tf.convert_to_tensor(lattice, tf.float32)
     shape = tf.shape(lattice)
     batch, max_t, max_u1 = shape[0], shape[1], shape[2]
     logit_lengths, label_lengths = _checked_lengths(logit_lengths, label_lengths, batch, max_t,
                                                     max_u1 - 1)
     num_diagonals = max_t + max_u1 - 1
-    # skewed[b, n, u] = lattice[b, n - u, u] (t = n - u), _LOG_ZERO off the lattice.
     diag = tf.range(num_diagonals)[:, None]
     u_index = tf.range(max_u1)[None, :]
     t_index = diag - u_index
@@ -89,9 +88,22 @@ def _alpha_cost(lattice, logit_lengths, label_lengths):
         lattice,
         tf.broadcast_to(gather_index[None], [batch, num_diagonals, max_u1, 2]),
         batch_dims=1,
-    )
+    )  # [B, N, U+1, C]
     skewed = tf.where(on_lattice[None, :, :, None], skewed, _LOG_ZERO)
-    skewed = tf.transpose(skewed, [1, 0, 2, 3])  # [N, B, U+1, 2]
+    skewed = tf.transpose(skewed, [1, 0, 2, 3])  # [N, B, U+1, C]
+    return batch, max_u1, logit_lengths, label_lengths, skewed, on_lattice
+
+
+def _alpha_cost(lattice, logit_lengths, label_lengths):
+    """-log P(y|x) per sample by the alpha recursion (Graves 2012, eq. 16-18).
+
+    The recursion runs over anti-diagonals n = t + u, so each of the T + U steps
+    is one vectorized update:
+    alpha[t, u] = logaddexp(alpha[t-1, u] + blank[t-1, u], alpha[t, u-1] + label[t, u-1]).
+    """
+    lattice = tf.convert_to_tensor(lattice, tf.float32)
+    batch, max_u1, logit_lengths, label_lengths, skewed, on_lattice = _skewed_lattice(
+        lattice, logit_lengths, label_lengths)
 
     def step(alpha_diag, inputs):
         lattice_diag, on_next = inputs
@@ -249,24 +261,8 @@ def _tdt_alpha_cost(lattice, logit_lengths, label_lengths, durations):
     pushes its moves into a window of the next max(durations) + 1 diagonals' partial sums.
     """
     dtype = lattice.dtype
-    shape = tf.shape(lattice)
-    batch, max_t, max_u1 = shape[0], shape[1], shape[2]
-    logit_lengths, label_lengths = _checked_lengths(logit_lengths, label_lengths, batch, max_t,
-                                                    max_u1 - 1)
-    num_diagonals = max_t + max_u1 - 1
-    diag = tf.range(num_diagonals)[:, None]
-    u_index = tf.range(max_u1)[None, :]
-    t_index = diag - u_index
-    on_lattice = (t_index >= 0) & (t_index < max_t)
-    gather_index = tf.stack([tf.clip_by_value(t_index, 0, max_t - 1),
-                             tf.broadcast_to(u_index, tf.shape(t_index))], axis=-1)
-    skewed = tf.gather_nd(
-        lattice,
-        tf.broadcast_to(gather_index[None], [batch, num_diagonals, max_u1, 2]),
-        batch_dims=1,
-    )  # [B, N, U+1, C]
-    skewed = tf.where(on_lattice[None, :, :, None], skewed, _LOG_ZERO)
-    skewed = tf.transpose(skewed, [1, 0, 2, 3])  # [N, B, U+1, C]
+    batch, max_u1, logit_lengths, label_lengths, skewed, on_lattice = _skewed_lattice(
+        lattice, logit_lengths, label_lengths)
     window = durations[-1] + 1
     log_zero = tf.fill([batch, max_u1], tf.constant(_LOG_ZERO, dtype))
 

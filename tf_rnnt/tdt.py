@@ -60,12 +60,8 @@ def _tdt_lattice_loss(lattice, logit_lengths, label_lengths, durations, fastemit
     if channels is not None and channels != 2 + len(durations):
         raise ValueError(f"{owner}: lattice must have shape [B, T, U+1, 2 + D] with "
                          f"D = len(durations) = {len(durations)}, got {lattice.shape}")
-    logit_lengths = contract.int32_tensor(logit_lengths, "logit_lengths", owner)
-    label_lengths = contract.int32_tensor(label_lengths, "label_lengths", owner)
-    contract.check_same_dims(
-        {"lattice": contract.static_dim(lattice, 0),
-         "logit_lengths": contract.static_dim(logit_lengths, 0),
-         "label_lengths": contract.static_dim(label_lengths, 0)}, "batch sizes", owner)
+    logit_lengths, label_lengths = contract.lattice_lengths(lattice, logit_lengths, label_lengths,
+                                                           owner)
     if _ops._xla_fallback("tdt_lattice_loss", "tf_rnnt.tdt_loss",
                           "Lengths are not validated there."):
         return _reference.tdt_lattice_loss(lattice, logit_lengths, label_lengths, durations,

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from rnnt_testing import load_module
 
 _BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _REPO_ROOT = os.path.dirname(_BENCHMARKS)
@@ -59,12 +60,7 @@ def test_tiny_benchmark_table(tmp_path):
 
 
 def _bench_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_model_under_test", _BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module("bench_model_under_test", _BENCH)
 
 
 @pytest.mark.parametrize("limit, start, search_max, expected", [
@@ -97,13 +93,8 @@ def test_batch_search_brackets_the_limit(monkeypatch, limit, start, search_max, 
 
 
 def _conformer_module():
-    import importlib.util
-
-    path = os.path.join(_REPO_ROOT, "examples", "speech", "conformer.py")
-    spec = importlib.util.spec_from_file_location("conformer_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module("conformer_under_test",
+                       os.path.join(_REPO_ROOT, "examples", "speech", "conformer.py"))
 
 
 def test_conformer_frame_lengths_follow_the_subsampling():

@@ -17,7 +17,7 @@ import numpy as np
 import oracle
 import pytest
 import tensorflow as tf
-from rnnt_testing import REPO_ROOT, pythonpath
+from rnnt_testing import REPO_ROOT, padded_rnnt_problem, pythonpath
 
 from tf_rnnt import reference
 from tf_rnnt.keras import (
@@ -311,14 +311,8 @@ def test_mismatched_layer_and_loss_settings_fail_at_the_first_step(joint_kwargs,
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
 def test_per_token_reduction_matches_oracle(weighted):
-    rng = np.random.default_rng(5)
-    logits = rng.normal(size=(3, 4, 4, VOCAB)).astype(np.float32)
-    label_lengths = np.array([3, 1, 2])
-    labels = rng.integers(1, VOCAB, size=(3, 3)).astype(np.int32)
-    labels[np.arange(3)[None, :] >= label_lengths[:, None]] = PAD
-    frame_lengths = np.array([4, 2, 3])
-    costs, _ = oracle.rnnt_loss(logits, np.where(labels == PAD, 0, labels), frame_lengths,
-                                label_lengths)
+    logits, labels, frame_lengths, label_lengths, costs = padded_rnnt_problem(5, [4, 2, 3], VOCAB,
+                                                                              PAD)
     weights = np.array([0.5, 2.0, 1.0], np.float32) if weighted else None
     expected = np.sum(costs * (1.0 if weights is None else weights)) / label_lengths.sum()
     masked = tf.identity(logits)

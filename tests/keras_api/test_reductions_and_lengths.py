@@ -6,6 +6,7 @@ import numpy as np
 import oracle
 import pytest
 import tensorflow as tf
+from rnnt_testing import padded_rnnt_problem
 
 from tf_rnnt.keras import FlashRNNTLoss, RNNTLoss, conv_output_lengths, mark_lattice_padding
 
@@ -13,15 +14,7 @@ VOCAB, PAD = 5, -1
 
 
 def _problem():
-    rng = np.random.default_rng(11)
-    logits = rng.normal(size=(3, 5, 4, VOCAB)).astype(np.float32)
-    label_lengths = np.array([3, 1, 2])
-    labels = rng.integers(1, VOCAB, size=(3, 3)).astype(np.int32)
-    labels[np.arange(3)[None, :] >= label_lengths[:, None]] = PAD
-    frame_lengths = np.array([5, 2, 4])
-    costs, _ = oracle.rnnt_loss(logits, np.where(labels == PAD, 0, labels), frame_lengths,
-                                label_lengths)
-    return logits, labels, frame_lengths, label_lengths, costs
+    return padded_rnnt_problem(11, [5, 2, 4], VOCAB, PAD)
 
 
 @pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])

@@ -10,7 +10,13 @@ import numpy as np
 import oracle
 import pytest
 import tensorflow as tf
-from rnnt_testing import DEVICES, HALF_DTYPES, compile_for, requires_gpu
+from rnnt_testing import (
+    DEVICES,
+    HALF_DTYPES,
+    compile_for,
+    logits_loss_and_gradient,
+    requires_gpu,
+)
 
 import tf_rnnt
 from tf_rnnt import reference
@@ -69,21 +75,9 @@ def run_lattice_loss(lattice, logit_lengths, label_lengths, upstream=None, devic
 def run_rnnt_loss(loss_fn, logits, labels, logit_lengths, label_lengths, upstream=None,
                   device="/CPU:0", graph_mode="eager", dtype=tf.float32, **options):
     """Costs and d (sum upstream * costs) / d logits of `loss_fn` (op or reference)."""
-    upstream = np.ones(np.shape(logits)[0]) if upstream is None else upstream
-
-    def step(logits, labels, logit_lengths, label_lengths, upstream):
-        with tf.GradientTape() as tape:
-            tape.watch(logits)
-            costs = loss_fn(logits, labels, logit_lengths, label_lengths, **options)
-            total = tf.reduce_sum(costs * upstream)
-        return costs, tape.gradient(total, logits)
-
-    with tf.device(device):
-        args = [tf.cast(tf.constant(logits, tf.float32), dtype) if dtype != tf.float32
-                else tf.constant(logits, tf.float32),
-                tf.constant(labels), tf.constant(logit_lengths), tf.constant(label_lengths),
-                tf.constant(upstream, tf.float32)]
-        costs, grad = compile_for(step, graph_mode, args)(*args)
+    costs, grad = logits_loss_and_gradient(loss_fn, logits, labels, logit_lengths,
+                                           label_lengths, upstream, device, graph_mode, dtype,
+                                           **options)
     assert costs.dtype == tf.float32
     assert grad.dtype == dtype
     return costs.numpy(), tf.cast(grad, tf.float64).numpy()
@@ -174,28 +168,30 @@ def _random_lattice(seed, shape, blank=0, ragged=True):
     return oracle.lattice_from_logits(logits, labels, blank), logit_lengths, label_lengths
 
 
+def _assert_lattice_loss_matches_oracle(lattice, logit_lengths, label_lengths, upstream, device,
+                                        graph_mode="eager"):
+    costs, grads = oracle.lattice_loss(lattice, logit_lengths, label_lengths, upstream=upstream)
+    got_costs, got_grads = run_lattice_loss(lattice, logit_lengths, label_lengths, upstream,
+                                            device, graph_mode)
+    oracle.assert_close(got_costs, costs, RTOL)
+    oracle.assert_close(got_grads, grads, RTOL)
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("device", DEVICES)
 def test_lattice_loss_matches_oracle(shape, device):
     lattice, logit_lengths, label_lengths = _random_lattice(3, shape)
     lattice = lattice.astype(np.float32)  # the oracle sees exactly the op's input
     upstream = _upstream(shape[0])
-    costs, grads = oracle.lattice_loss(lattice, logit_lengths, label_lengths, upstream=upstream)
-    got_costs, got_grads = run_lattice_loss(lattice, logit_lengths, label_lengths, upstream,
-                                            device)
-    oracle.assert_close(got_costs, costs, RTOL)
-    oracle.assert_close(got_grads, grads, RTOL)
+    _assert_lattice_loss_matches_oracle(lattice, logit_lengths, label_lengths, upstream, device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_lattice_loss_graph_modes(graph_mode, device):
     lattice, logit_lengths, label_lengths = _random_lattice(4, (3, 7, 4, 6))
     lattice = lattice.astype(np.float32)
-    costs, grads = oracle.lattice_loss(lattice, logit_lengths, label_lengths)
-    got_costs, got_grads = run_lattice_loss(lattice, logit_lengths, label_lengths, None, device,
-                                            graph_mode)
-    oracle.assert_close(got_costs, costs, RTOL)
-    oracle.assert_close(got_grads, grads, RTOL)
+    _assert_lattice_loss_matches_oracle(lattice, logit_lengths, label_lengths, None, device,
+                                        graph_mode)
 
 
 @pytest.mark.parametrize("fastemit_lambda,clamp", [(0.5, -1.0), (0.0, 0.05), (0.3, 0.05),
@@ -248,11 +244,7 @@ def test_lattice_loss_more_labels_than_a_block_has_threads(device):
     logit_lengths, label_lengths = np.array([5, 4], np.int32), np.array([1100, 700], np.int32)
     lattice = rng.uniform(-0.05, 0.0, size=(2, 5, 1101, 2)).astype(np.float32)
     upstream = _upstream(2)
-    costs, grads = oracle.lattice_loss(lattice, logit_lengths, label_lengths, upstream=upstream)
-    got_costs, got_grads = run_lattice_loss(lattice, logit_lengths, label_lengths, upstream,
-                                            device)
-    oracle.assert_close(got_costs, costs, RTOL)
-    oracle.assert_close(got_grads, grads, RTOL)
+    _assert_lattice_loss_matches_oracle(lattice, logit_lengths, label_lengths, upstream, device)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -10,7 +10,7 @@ import numpy as np
 import oracle
 import pytest
 import tensorflow as tf
-from rnnt_testing import DEVICES, compile_for, requires_gpu
+from rnnt_testing import DEVICES, compile_for, logits_loss_and_gradient, requires_gpu
 
 import tf_rnnt
 from tf_rnnt import ops as rnnt_ops
@@ -141,20 +141,10 @@ RTOL = 1e-5
 def run_tdt(loss_fn, logits, labels, logit_lengths, label_lengths, upstream=None,
             device="/CPU:0", graph_mode="eager", dtype=tf.float32, **options):
     """Costs and d (sum upstream * costs) / d logits of `loss_fn` (op or reference), float64."""
-    upstream = np.ones(np.shape(logits)[0]) if upstream is None else upstream
-
-    def step(logits, labels, logit_lengths, label_lengths, upstream):
-        with tf.GradientTape() as tape:
-            tape.watch(logits)
-            costs = loss_fn(logits, labels, logit_lengths, label_lengths, **options)
-            total = tf.reduce_sum(costs * upstream)
-        return costs, tape.gradient(total, logits)
-
-    with tf.device(device):
-        args = [tf.cast(tf.constant(logits, tf.float64), dtype), tf.constant(labels),
-                tf.constant(logit_lengths), tf.constant(label_lengths),
-                tf.constant(upstream, tf.float64 if dtype == tf.float64 else tf.float32)]
-        costs, grad = compile_for(step, graph_mode, args)(*args)
+    costs, grad = logits_loss_and_gradient(
+        loss_fn, logits, labels, logit_lengths, label_lengths, upstream, device, graph_mode, dtype,
+        logits_source=tf.float64,
+        upstream_dtype=tf.float64 if dtype == tf.float64 else tf.float32, **options)
     assert costs.dtype == (tf.float64 if dtype == tf.float64 else tf.float32)
     assert grad.dtype == dtype
     return costs.numpy().astype(np.float64), tf.cast(grad, tf.float64).numpy()

@@ -3,26 +3,19 @@
 `lstm_use_cudnn=False` / `lstm_unroll=True` give the default's lattice (and, for the attention,
 its gradients) within float tolerance."""
 
-import importlib.util
 import os
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from rnnt_testing import load_module
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
-def _conformer():
-    path = os.path.join(REPO, "examples", "speech", "conformer.py")
-    spec = importlib.util.spec_from_file_location("conformer_options_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-conformer = _conformer()
+conformer = load_module("conformer_options_under_test",
+                        os.path.join(REPO, "examples", "speech", "conformer.py"))
 _LABELS = 4
 
 

@@ -8,10 +8,7 @@ signatures (audio chunk -> features -> encode_chunk -> decode_chunk) give the sa
 `transcribe` on the whole utterance.
 """
 
-import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import keras
@@ -20,7 +17,7 @@ import pipeline
 import pytest
 import tensorflow as tf
 from model import ModelConfig, build_model, output_lengths, parts
-from saved_model_child import PREAMBLE
+from saved_model_child import PREAMBLE, keras_greedy_tokens, run_child
 
 from tf_rnnt import decoding
 
@@ -201,42 +198,14 @@ def exported(tmp_path_factory):
     audio, _ = held_out_audio(3)
     audio_file = str(directory / "audio.npz")
     np.savez(audio_file, **{f"u{i}": a for i, a in enumerate(audio)})
-
-
-    @tf.function
-    def keras_greedy(audio):
-        # As a user of the Keras model would: features, encoder, batched greedy decoding, in a
-        # graph (eager and graph execution may round differently).
-        feats = pipeline.log_mel(audio)
-        lengths = tf.shape(feats)[1:2]
-        frames = encoder([feats, lengths])
-        tokens, _ = decoding.greedy_search(frames, output_lengths(lengths),
-                                           greedy_start(predictor, 1),
-                                           decoding.joint_fn_from_layer(joint), predictor.step)
-        return tokens
-
-    expected = {f"u{i}": emitted(keras_greedy(tf.constant(a[None])))[0]
-                for i, a in enumerate(audio)}
+    expected = keras_greedy_tokens(encoder, predictor, joint, audio, output_lengths)
     return export_dir, audio_file, expected
 
 
 @pytest.mark.slow
 def test_saved_model_in_a_process_without_tf_rnnt(exported):
     export_dir, audio_file, expected = exported
-    env = dict(os.environ)
-    # Keep PYTHONPATH entries that hold other packages (e.g. TensorFlow), drop those holding
-    # tf_rnnt.
-    kept = [p for p in env.pop("PYTHONPATH", "").split(os.pathsep)
-            if p and not os.path.isdir(os.path.join(p, "tf_rnnt"))]
-    if kept:
-        env["PYTHONPATH"] = os.pathsep.join(kept)
-    proc = subprocess.run([sys.executable, "-c", _CHILD, export_dir, audio_file],
-                          capture_output=True, text=True, env=env, cwd=os.path.dirname(export_dir),
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert not report["tf_rnnt_loaded"]
-    assert report["unregistered"] == [] and report["num_ops"] > 0
+    report = run_child(_CHILD, export_dir, audio_file, os.path.dirname(export_dir))
     assert len(report["results"]) == len(expected)
     emitted = 0
     for result in report["results"]:

@@ -11,8 +11,6 @@ and in a padded batch; the streaming-only exports (TFLite) refuse the Conformer.
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import keras
@@ -21,9 +19,7 @@ import pipeline
 import pytest
 import tensorflow as tf
 from model import ModelConfig, build_model, parts
-from saved_model_child import PREAMBLE
-
-from tf_rnnt import decoding
+from saved_model_child import PREAMBLE, keras_greedy_tokens, run_child
 
 SPEECH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # examples/speech
 DATA = os.path.join(SPEECH, "data")
@@ -196,32 +192,9 @@ def test_saved_model_transcribes_without_tf_rnnt(tmp_path):
     audio = [pipeline.load_audio(p).numpy() for p in paths[:3]]
     audio_file = str(tmp_path / "audio.npz")
     np.savez(audio_file, **{f"u{i}": a for i, a in enumerate(audio)})
-
-    @tf.function
-    def keras_greedy(audio):
-        feats = pipeline.log_mel(audio)
-        lengths = tf.shape(feats)[1:2]
-        frames = encoder([feats, lengths])
-        start = decoding.greedy_initial_state(predictor.step, predictor.initial_state(1))
-        tokens, _ = decoding.greedy_search(frames, -(-lengths // 4), start,
-                                           decoding.joint_fn_from_layer(joint), predictor.step)
-        return tokens
-
-    expected = {f"u{i}": [int(t) for t in keras_greedy(tf.constant(a[None]))[0] if t >= 0]
-                for i, a in enumerate(audio)}
-
-    env = dict(os.environ)
-    kept = [p for p in env.pop("PYTHONPATH", "").split(os.pathsep)
-            if p and not os.path.isdir(os.path.join(p, "tf_rnnt"))]
-    if kept:
-        env["PYTHONPATH"] = os.pathsep.join(kept)
-    proc = subprocess.run([sys.executable, "-c", _CHILD, export_dir, audio_file],
-                          capture_output=True, text=True, env=env, cwd=str(tmp_path),
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert not report["tf_rnnt_loaded"]
-    assert report["unregistered"] == [] and report["num_ops"] > 0
+    expected = keras_greedy_tokens(encoder, predictor, joint, audio,
+                                   lambda lengths: -(-lengths // 4))
+    report = run_child(_CHILD, export_dir, audio_file, str(tmp_path))
     assert report["signatures"] == ["features", "transcribe"]
     assert report["alone"] == expected
     assert report["batched"] == expected  # the padding of a batch changes nothing
