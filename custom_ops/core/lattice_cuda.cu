@@ -73,9 +73,7 @@ __global__ void lattice_grad_kernel(const float* __restrict__ lattice,
   const int64_t total = static_cast<int64_t>(B) * T * U1;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int u = static_cast<int>(i % U1);
-    const int t = static_cast<int>((i / U1) % T);
-    const int b = static_cast<int>(i / (static_cast<int64_t>(T) * U1));
+    const auto [b, t, u] = lattice_node(i, T, U1);
     const int T_b = logit_lengths[b];
     const int U1_b = label_lengths[b] + 1;
     const int64_t base = static_cast<int64_t>(b) * T * U1;
@@ -157,7 +155,7 @@ Status lattice_loss_cuda(const float* lattice, const int32_t* logit_lengths,
                          float* alphas, float* betas, GpuStream stream) {
   if (B == 0) return Status();
   auto s = static_cast<cudaStream_t>(stream);
-  const int threads = U1 >= 1024 ? 1024 : ((U1 + 31) / 32) * 32;
+  const int threads = diagonal_threads(U1);
   const size_t shared = 2 * sizeof(float) * static_cast<size_t>(U1);
   const bool use_shared = shared <= 48 * 1024;
   alpha_beta_kernel<<<dim3(B, 2), threads, use_shared ? shared : 0, s>>>(

@@ -1,7 +1,6 @@
 // XLA lowering of TfRnntCheck (check_op.cc): a typed-FFI custom call that copies `value` to its
 // result and returns InvalidArgument(message) unless every entry of `ok` is true. On the GPU `ok`
 // is copied to the host on the call's stream (it is small).
-#include <cstdio>
 #include <cstring>
 #include <string>
 #include <string_view>
@@ -14,12 +13,7 @@
 #include "xla/ffi/api/ffi.h"
 #include "xla/hlo/builder/xla_builder.h"
 #include "xla/shape_util.h"
-
-#if TF_RNNT_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
-extern "C" const XLA_FFI_Api* XLA_FFI_GetApi();
+#include "xla_shared.h"
 
 namespace tf_rnnt {
 namespace {
@@ -136,30 +130,11 @@ XLA_FFI_DEFINE_HANDLER(kCheckCuda, check_cuda,
                            .Attr<std::string_view>("message"));
 #endif
 
-void register_check_handler(const XLA_FFI_Api* api, const char* platform,
-                            XLA_FFI_Handler* handler) {
-  const char* name = "tf_rnnt_check";
-  XLA_FFI_Handler_Register_Args args;
-  std::memset(&args, 0, sizeof(args));
-  args.struct_size = XLA_FFI_Handler_Register_Args_STRUCT_SIZE;
-  args.name = XLA_FFI_ByteSpan{name, std::strlen(name)};
-  args.platform = XLA_FFI_ByteSpan{platform, std::strlen(platform)};
-  args.bundle.execute = handler;
-  if (XLA_FFI_Error* error = api->XLA_FFI_Handler_Register(&args)) {
-    XLA_FFI_Error_Destroy_Args destroy;
-    std::memset(&destroy, 0, sizeof(destroy));
-    destroy.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
-    destroy.error = error;
-    std::fprintf(stderr, "tf_rnnt: could not register XLA custom call %s for %s\n", name, platform);
-    api->XLA_FFI_Error_Destroy(&destroy);
-  }
-}
-
 const bool kCheckRegistered = [] {
   const XLA_FFI_Api* api = XLA_FFI_GetApi();
-  register_check_handler(api, "Host", kCheckHost);
+  register_handler(api, "tf_rnnt_check", "Host", kCheckHost);
 #if TF_RNNT_WITH_CUDA
-  register_check_handler(api, "CUDA", kCheckCuda);
+  register_handler(api, "tf_rnnt_check", "CUDA", kCheckCuda);
 #endif
   return true;
 }();

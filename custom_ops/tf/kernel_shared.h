@@ -1,16 +1,22 @@
-// What the TensorFlow kernels (kernels.cc) and the XLA kernels (xla_lowering.cc, xla_handlers.cc)
-// share: the joint's attributes, the shape checks, its host plan, and the checks of blank,
-// lengths and labels, so that every path fails with the same messages.
+// What the TensorFlow kernels (kernels.cc, tdt_ops.cc) and the XLA kernels (xla_lowering.cc,
+// xla_handlers.cc) share: the joint's attributes, the shape checks, its host plan, and the checks
+// of blank, lengths and labels, so that every path fails with the same messages.
 #ifndef TF_RNNT_TF_KERNEL_SHARED_H_
 #define TF_RNNT_TF_KERNEL_SHARED_H_
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/lib/core/threadpool.h"
 #include "tf_rnnt/rnnt_core.h"
+
+#if TF_RNNT_WITH_CUDA
+#include "xla/stream_executor/stream.h"
+#endif
 
 namespace tf_rnnt {
 
@@ -200,6 +206,60 @@ inline std::string labels_error(const int32_t* labels, const int32_t* lengths, i
     }
   }
   return "";
+}
+
+// ------------------------------------------------------------------ TensorFlow kernels
+// The TensorFlow names the kernels use.
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+using ::tensorflow::errors::InvalidArgument;
+
+// The devices of the kernel templates (kernels.cc, tdt_ops.cc).
+struct CpuDevice {};
+struct GpuDevice {};
+
+// ParallelFor on the op's CPU worker threads.
+inline ParallelFor cpu_parallel_for(::tensorflow::OpKernelContext* ctx) {
+  auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+  return [workers](int64_t total, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) {
+    workers->ParallelFor(total, cost, fn);
+  };
+}
+
+#if TF_RNNT_WITH_CUDA
+// The op's CUDA stream.
+inline GpuStream gpu_stream(::tensorflow::OpKernelContext* ctx) {
+  return ctx->op_device_context()->stream()->platform_specific_handle().stream;
+}
+#endif
+
+// Allocates a lattice loss's outputs, costs [B] and grads (the lattice's shape), then unless B is
+// 0 its alphas and betas [B, T, U1]; the context fails when an allocation does.
+inline void allocate_lattice_loss(OpKernelContext* ctx, const Tensor& lattice, Tensor** costs,
+                                  Tensor** grads, Tensor* alphas, Tensor* betas) {
+  const int64_t B = lattice.dim_size(0), T = lattice.dim_size(1), U1 = lattice.dim_size(2);
+  OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({B}), costs));
+  OP_REQUIRES_OK(ctx, ctx->allocate_output(1, lattice.shape(), grads));
+  if (B == 0) return;
+  OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({B, T, U1}), alphas));
+  OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({B, T, U1}), betas));
+}
+
+// A core status as the op's status, its message prefixed by `op`.
+inline ::tensorflow::Status to_tf_status(const Status& s, const char* op) {
+  if (s.ok()) return ::tensorflow::Status();
+  if (s.code == StatusCode::kInvalidArgument) {
+    return ::tensorflow::errors::InvalidArgument(op, ": ", s.message);
+  }
+  if (s.code == StatusCode::kResourceExhausted) {
+    return ::tensorflow::errors::ResourceExhausted(
+        op, ": ", s.message,
+        ". Use mode='tiled' with a smaller tile_size or memory_budget, or a smaller batch.");
+  }
+  return ::tensorflow::errors::Internal(op, ": ", s.message);
 }
 
 }  // namespace tf_rnnt

@@ -11,25 +11,13 @@
 #include "op_inputs.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
-#include "tensorflow/core/lib/core/threadpool.h"
 #include "tf_rnnt/rnnt_core.h"
-
-#if TF_RNNT_WITH_CUDA
-#include "xla/stream_executor/stream.h"
-#endif
 
 namespace tf_rnnt {
 
 using ::tensorflow::AllocatorAttributes;
 using ::tensorflow::DataType;
 using ::tensorflow::DEVICE_CPU;
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-using ::tensorflow::errors::Internal;
-using ::tensorflow::errors::InvalidArgument;
 using ::tensorflow::errors::ResourceExhausted;
 
 namespace {
@@ -42,17 +30,6 @@ namespace {
       return ret;                                    \
     }                                                \
   } while (0)
-
-::tensorflow::Status to_tf_status(const Status& s, const char* op) {
-  if (s.ok()) return ::tensorflow::Status();
-  if (s.code == StatusCode::kInvalidArgument) return InvalidArgument(op, ": ", s.message);
-  if (s.code == StatusCode::kResourceExhausted) {
-    return ResourceExhausted(op, ": ", s.message,
-                             ". Use mode='tiled' with a smaller tile_size or memory_budget, or a "
-                             "smaller batch.");
-  }
-  return Internal(op, ": ", s.message);
-}
 
 DType core_dtype(DataType dt) {
   switch (dt) {
@@ -97,9 +74,6 @@ bool validate_labels(OpKernelContext* ctx, const Tensor& labels, const Tensor& l
 }
 
 // ------------------------------------------------------------------ devices
-struct CpuDevice {};
-struct GpuDevice {};
-
 // The core's launchers for one device (the tensorflow custom-op functor pattern).
 template <typename Device>
 struct CoreFunctor;
@@ -138,13 +112,7 @@ struct CoreFunctor<CpuDevice> {
   // The untiled backward only reads the kept joint values (JointBackwardArgs::saved_hidden).
   static constexpr bool kOverwritesSavedHidden = false;
 
-  explicit CoreFunctor(OpKernelContext* ctx) {
-    auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-    parallel_for = [workers](int64_t total, int64_t cost,
-                             const std::function<void(int64_t, int64_t)>& fn) {
-      workers->ParallelFor(total, cost, fn);
-    };
-  }
+  explicit CoreFunctor(OpKernelContext* ctx) : parallel_for(cpu_parallel_for(ctx)) {}
 
   // The lengths the launchers read: the host copies.
   static const int32_t* lengths(OpKernelContext* ctx, int /*device_input*/, int host_input) {
@@ -174,8 +142,7 @@ struct CoreFunctor<GpuDevice> {
   // The untiled backward writes d hidden over the kept joint values.
   static constexpr bool kOverwritesSavedHidden = true;
 
-  explicit CoreFunctor(OpKernelContext* ctx)
-      : stream(ctx->op_device_context()->stream()->platform_specific_handle().stream) {}
+  explicit CoreFunctor(OpKernelContext* ctx) : stream(gpu_stream(ctx)) {}
 
   // The lengths the launchers read: the device copies (the host copies only plan and validate).
   static const int32_t* lengths(OpKernelContext* ctx, int device_input, int /*host_input*/) {
@@ -245,14 +212,9 @@ class LatticeLossOp : public OpKernel {
     }
     Tensor* costs = nullptr;
     Tensor* grads = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({B}), &costs));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, lattice.shape(), &grads));
-    if (B == 0) return;
     Tensor alphas, betas;
-    OP_REQUIRES_OK(ctx,
-                   ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({B, T, U1}), &alphas));
-    OP_REQUIRES_OK(ctx,
-                   ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({B, T, U1}), &betas));
+    allocate_lattice_loss(ctx, lattice, &costs, &grads, &alphas, &betas);
+    if (!ctx->status().ok() || B == 0) return;
     const CoreFunctor<Device> core(ctx);
     // Unvalidated lengths are read from the device inputs only (host memory on the CPU).
     const int32_t* logit_lengths = validate_ ? core.lengths(ctx, kLogitLengths, kLogitLengthsHost)

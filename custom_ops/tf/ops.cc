@@ -5,6 +5,7 @@
 #include "tensorflow/core/framework/shape_inference.h"
 
 #include "op_inputs.h"
+#include "shape_fns.h"
 
 namespace tf_rnnt {
 
@@ -12,24 +13,6 @@ using ::tensorflow::Status;
 using ::tensorflow::shape_inference::DimensionHandle;
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
-
-namespace {
-
-// [B, T, U1, ...] input at `index` with `rank`; merges B with the [B] vectors at `vectors`.
-Status batch_dim(InferenceContext* c, int index, int rank, std::initializer_list<int> vectors,
-                 DimensionHandle* batch) {
-  ShapeHandle s;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(index), rank, &s));
-  *batch = c->Dim(s, 0);
-  for (int v : vectors) {
-    ShapeHandle vec;
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(v), 1, &vec));
-    TF_RETURN_IF_ERROR(c->Merge(*batch, c->Dim(vec, 0), batch));
-  }
-  return Status();
-}
-
-}  // namespace
 
 REGISTER_OP("TfRnntLatticeLoss")
     .Input("lattice: float")

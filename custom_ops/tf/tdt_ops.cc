@@ -4,28 +4,19 @@
 #include <algorithm>
 #include <climits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernel_shared.h"
+#include "shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor.h"
-#include "tensorflow/core/lib/core/threadpool.h"
 #include "tf_rnnt/tdt_core.h"
-
-#if TF_RNNT_WITH_CUDA
-#include "xla/stream_executor/stream.h"
-#endif
 
 namespace tf_rnnt {
 
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-using ::tensorflow::errors::InvalidArgument;
 using ::tensorflow::shape_inference::DimensionHandle;
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
@@ -50,13 +41,10 @@ REGISTER_OP("TfRnntTdtLatticeLoss")
       std::vector<int64_t> durations;
       TF_RETURN_IF_ERROR(c->GetAttr("durations", &durations));
       ShapeHandle lattice;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(kLattice), 4, &lattice));
-      DimensionHandle batch = c->Dim(lattice, 0), channels;
-      for (int i = kLogitLengths; i <= kLabelLengthsHost; ++i) {
-        ShapeHandle vec;
-        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &vec));
-        TF_RETURN_IF_ERROR(c->Merge(batch, c->Dim(vec, 0), &batch));
-      }
+      DimensionHandle batch, channels;
+      TF_RETURN_IF_ERROR(batch_dim(
+          c, kLattice, 4, {kLogitLengths, kLabelLengths, kLogitLengthsHost, kLabelLengthsHost},
+          &batch, &lattice));
       TF_RETURN_IF_ERROR(c->WithValue(c->Dim(lattice, 3), 2 + durations.size(), &channels));
       TF_RETURN_IF_ERROR(c->ReplaceDim(lattice, 0, batch, &lattice));
       c->set_output(0, c->Vector(batch));
@@ -90,43 +78,24 @@ void tdt_options(OpKernelConstruction* ctx, TdtLossOptions* options) {
   OP_REQUIRES(ctx, error == nullptr, InvalidArgument(error ? error : ""));
 }
 
-struct CpuDevice {};
-struct GpuDevice {};
-
+// Runs the device's launcher: the CPU one reads the host copies of the lengths, the CUDA one the
+// device inputs.
 template <typename Device>
-struct TdtLauncher;
-
-template <>
-struct TdtLauncher<CpuDevice> {
-  static Status run(OpKernelContext* ctx, const float* lattice, int B, int T, int U1,
-                    const TdtLossOptions& options, float* costs, float* grads, float* alphas,
-                    float* betas) {
-    using namespace tdt_lattice_loss_in;  // NOLINT: the input names
-    auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-    const ParallelFor parallel_for = [workers](int64_t total, int64_t cost,
-                                               const std::function<void(int64_t, int64_t)>& fn) {
-      workers->ParallelFor(total, cost, fn);
-    };
-    return tdt_lattice_loss_cpu(lattice, ctx->input(kLogitLengthsHost).flat<int32_t>().data(),
-                                ctx->input(kLabelLengthsHost).flat<int32_t>().data(), B, T, U1,
-                                options, costs, grads, alphas, betas, parallel_for);
-  }
-};
-
+Status tdt_launch(OpKernelContext* ctx, const float* lattice, int B, int T, int U1,
+                  const TdtLossOptions& options, float* costs, float* grads, float* alphas,
+                  float* betas) {
+  using namespace tdt_lattice_loss_in;  // NOLINT: the input names
 #if TF_RNNT_WITH_CUDA
-template <>
-struct TdtLauncher<GpuDevice> {
-  static Status run(OpKernelContext* ctx, const float* lattice, int B, int T, int U1,
-                    const TdtLossOptions& options, float* costs, float* grads, float* alphas,
-                    float* betas) {
-    using namespace tdt_lattice_loss_in;  // NOLINT: the input names
-    return tdt_lattice_loss_cuda(
-        lattice, ctx->input(kLogitLengths).flat<int32_t>().data(),
-        ctx->input(kLabelLengths).flat<int32_t>().data(), B, T, U1, options, costs, grads, alphas,
-        betas, ctx->op_device_context()->stream()->platform_specific_handle().stream);
+  if constexpr (std::is_same_v<Device, GpuDevice>) {
+    return tdt_lattice_loss_cuda(lattice, ctx->input(kLogitLengths).flat<int32_t>().data(),
+                                 ctx->input(kLabelLengths).flat<int32_t>().data(), B, T, U1,
+                                 options, costs, grads, alphas, betas, gpu_stream(ctx));
   }
-};
 #endif
+  return tdt_lattice_loss_cpu(lattice, ctx->input(kLogitLengthsHost).flat<int32_t>().data(),
+                              ctx->input(kLabelLengthsHost).flat<int32_t>().data(), B, T, U1,
+                              options, costs, grads, alphas, betas, cpu_parallel_for(ctx));
+}
 
 template <typename Device>
 class TdtLatticeLossOp : public OpKernel {
@@ -157,22 +126,14 @@ class TdtLatticeLossOp : public OpKernel {
     OP_REQUIRES(ctx, error.empty(), InvalidArgument(error));
     Tensor* costs = nullptr;
     Tensor* grads = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({B}), &costs));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, lattice.shape(), &grads));
-    if (B == 0) return;
     Tensor alphas, betas;
-    OP_REQUIRES_OK(ctx,
-                   ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({B, T, U1}), &alphas));
-    OP_REQUIRES_OK(ctx,
-                   ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({B, T, U1}), &betas));
-    const Status s = TdtLauncher<Device>::run(
-        ctx, lattice.flat<float>().data(), static_cast<int>(B), static_cast<int>(T),
-        static_cast<int>(U1), options_, costs->flat<float>().data(), grads->flat<float>().data(),
-        alphas.flat<float>().data(), betas.flat<float>().data());
-    OP_REQUIRES(ctx, s.ok(),
-                s.code == StatusCode::kInvalidArgument
-                    ? InvalidArgument("tdt_lattice_loss: ", s.message)
-                    : ::tensorflow::errors::Internal("tdt_lattice_loss: ", s.message));
+    allocate_lattice_loss(ctx, lattice, &costs, &grads, &alphas, &betas);
+    if (!ctx->status().ok() || B == 0) return;
+    const Status s = tdt_launch<Device>(ctx, lattice.flat<float>().data(), static_cast<int>(B),
+                                        static_cast<int>(T), static_cast<int>(U1), options_,
+                                        costs->flat<float>().data(), grads->flat<float>().data(),
+                                        alphas.flat<float>().data(), betas.flat<float>().data());
+    OP_REQUIRES(ctx, s.ok(), to_tf_status(s, "tdt_lattice_loss"));
   }
 
  private:

@@ -5,12 +5,7 @@
 // call, and lengths are validated on the host (copied there on the GPU, which synchronizes the
 // stream).
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
 #include <cstdio>
-#include <cstring>
-#include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -22,12 +17,7 @@
 #include "xla/ffi/api/ffi.h"
 #include "xla/hlo/builder/xla_builder.h"
 #include "xla/shape_util.h"
-
-#if TF_RNNT_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
-extern "C" const XLA_FFI_Api* XLA_FFI_GetApi();
+#include "xla_shared.h"
 
 namespace tf_rnnt {
 namespace {
@@ -123,48 +113,6 @@ ffi::Error from_core(const Status& s) {
   return ffi::Error::Internal(message);
 }
 
-// ParallelFor on XLA's intra-op thread pool; the caller takes shards too and never waits for a
-// task that has not started, so it cannot deadlock when the pool is busy.
-ParallelFor pool_parallel_for(ffi::ThreadPool* pool) {
-  return [pool](int64_t total, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) {
-    if (total <= 0) return;
-    const int64_t threads = std::max<int64_t>(1, pool->num_threads());
-    const int64_t min_shard = std::max<int64_t>(1, 100000 / std::max<int64_t>(cost, 1));
-    const int64_t shard = std::max(min_shard, (total + 4 * threads - 1) / (4 * threads));
-    const int64_t shards = (total + shard - 1) / shard;
-    if (shards == 1 || threads == 1) {
-      fn(0, total);
-      return;
-    }
-    struct State {
-      std::atomic<int64_t> next{0};
-      std::atomic<int64_t> done{0};
-      std::mutex mu;
-      std::condition_variable cv;
-    };
-    auto state = std::make_shared<State>();
-    auto work = [state, &fn, total, shard, shards]() {
-      for (;;) {
-        const int64_t i = state->next.fetch_add(1);
-        if (i >= shards) return;
-        fn(i * shard, std::min(total, (i + 1) * shard));
-        if (state->done.fetch_add(1) + 1 == shards) {
-          std::lock_guard<std::mutex> lock(state->mu);
-          state->cv.notify_all();
-        }
-      }
-    };
-    for (int64_t i = 1; i < std::min(threads, shards); ++i) {
-      pool->Schedule([state, shards, work]() {
-        if (state->next.load() < shards) work();
-      });
-    }
-    work();
-    std::unique_lock<std::mutex> lock(state->mu);
-    state->cv.wait(lock, [&] { return state->done.load() == shards; });
-  };
-}
-
 ffi::Error tdt_host(ffi::Buffer<ffi::F32> lattice, ffi::Buffer<ffi::S32> logit_lengths,
                     ffi::Buffer<ffi::S32> label_lengths, ffi::ResultBuffer<ffi::F32> costs,
                     ffi::ResultBuffer<ffi::F32> grads, ffi::Result<ffi::AnyBuffer> workspace,
@@ -185,18 +133,20 @@ ffi::Error tdt_host(ffi::Buffer<ffi::F32> lattice, ffi::Buffer<ffi::S32> logit_l
                                         alphas + B * T * U1, pool_parallel_for(&pool)));
 }
 
+// The buffers and attributes of both handlers (the platform's context aside).
+#define TF_RNNT_TDT_FFI_BINDING                    \
+  Arg<ffi::Buffer<ffi::F32>>()                     \
+      .Arg<ffi::Buffer<ffi::S32>>()                \
+      .Arg<ffi::Buffer<ffi::S32>>()                \
+      .Ret<ffi::Buffer<ffi::F32>>()                \
+      .Ret<ffi::Buffer<ffi::F32>>()                \
+      .Ret<ffi::AnyBuffer>()                       \
+      .Attr<ffi::Span<const int64_t>>("durations") \
+      .Attr<float>("fastemit_lambda")              \
+      .Attr<float>("clamp")
+
 XLA_FFI_DEFINE_HANDLER(kTdtHost, tdt_host,
-                       ffi::Ffi::Bind()
-                           .Arg<ffi::Buffer<ffi::F32>>()
-                           .Arg<ffi::Buffer<ffi::S32>>()
-                           .Arg<ffi::Buffer<ffi::S32>>()
-                           .Ret<ffi::Buffer<ffi::F32>>()
-                           .Ret<ffi::Buffer<ffi::F32>>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Attr<ffi::Span<const int64_t>>("durations")
-                           .Attr<float>("fastemit_lambda")
-                           .Attr<float>("clamp")
-                           .Ctx<ffi::ThreadPool>());
+                       ffi::Ffi::Bind().TF_RNNT_TDT_FFI_BINDING.Ctx<ffi::ThreadPool>());
 
 #if TF_RNNT_WITH_CUDA
 ffi::Error tdt_cuda(cudaStream_t stream, ffi::Buffer<ffi::F32> lattice,
@@ -232,49 +182,17 @@ ffi::Error tdt_cuda(cudaStream_t stream, ffi::Buffer<ffi::F32> lattice,
       options, costs->typed_data(), grads->typed_data(), alphas, alphas + B * T * U1, stream));
 }
 
-XLA_FFI_DEFINE_HANDLER(kTdtCuda, tdt_cuda,
-                       ffi::Ffi::Bind()
-                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                           .Arg<ffi::Buffer<ffi::F32>>()
-                           .Arg<ffi::Buffer<ffi::S32>>()
-                           .Arg<ffi::Buffer<ffi::S32>>()
-                           .Ret<ffi::Buffer<ffi::F32>>()
-                           .Ret<ffi::Buffer<ffi::F32>>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Attr<ffi::Span<const int64_t>>("durations")
-                           .Attr<float>("fastemit_lambda")
-                           .Attr<float>("clamp"));
+XLA_FFI_DEFINE_HANDLER(
+    kTdtCuda, tdt_cuda,
+    ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().TF_RNNT_TDT_FFI_BINDING);
 #endif  // TF_RNNT_WITH_CUDA
 
 // ------------------------------------------------------------------ registration
-void register_handler(const XLA_FFI_Api* api, const char* platform, XLA_FFI_Handler* handler) {
-  XLA_FFI_Handler_Register_Args args;
-  std::memset(&args, 0, sizeof(args));
-  args.struct_size = XLA_FFI_Handler_Register_Args_STRUCT_SIZE;
-  args.name = XLA_FFI_ByteSpan{kTarget, std::strlen(kTarget)};
-  args.platform = XLA_FFI_ByteSpan{platform, std::strlen(platform)};
-  args.bundle.execute = handler;
-  if (XLA_FFI_Error* error = api->XLA_FFI_Handler_Register(&args)) {
-    XLA_FFI_Error_GetMessage_Args message;
-    std::memset(&message, 0, sizeof(message));
-    message.struct_size = XLA_FFI_Error_GetMessage_Args_STRUCT_SIZE;
-    message.error = error;
-    api->XLA_FFI_Error_GetMessage(&message);
-    std::fprintf(stderr, "tf_rnnt: could not register XLA custom call %s for %s: %s\n", kTarget,
-                 platform, message.message);
-    XLA_FFI_Error_Destroy_Args destroy;
-    std::memset(&destroy, 0, sizeof(destroy));
-    destroy.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
-    destroy.error = error;
-    api->XLA_FFI_Error_Destroy(&destroy);
-  }
-}
-
 const bool kHandlersRegistered = [] {
   const XLA_FFI_Api* api = XLA_FFI_GetApi();
-  register_handler(api, "Host", kTdtHost);
+  register_handler(api, kTarget, "Host", kTdtHost);
 #if TF_RNNT_WITH_CUDA
-  register_handler(api, "CUDA", kTdtCuda);
+  register_handler(api, kTarget, "CUDA", kTdtCuda);
 #endif
   return true;
 }();

@@ -5,13 +5,8 @@
 // copied to the host on the op's stream, which synchronizes it (the joint also needs the host
 // lengths to plan its tiles, plan_joint_pass, as the lowering planned its workspace).
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
-#include <cstdio>
-#include <cstring>
 #include <initializer_list>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -19,12 +14,7 @@
 #include "tf_rnnt/rnnt_core.h"
 #include "xla/ffi/api/c_api.h"
 #include "xla/ffi/api/ffi.h"
-
-#if TF_RNNT_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
-extern "C" const XLA_FFI_Api* XLA_FFI_GetApi();
+#include "xla_shared.h"
 
 // The joint's attributes (the lowering's backend config).
 struct TfRnntJointFfiAttrs {
@@ -96,51 +86,6 @@ ffi::Error workspace_for(Workspace& workspace, size_t bytes, void** ptr, const c
   }
   *ptr = workspace->untyped_data();
   return ffi::Error::Success();
-}
-
-// ParallelFor on XLA's intra-op thread pool. The caller takes shards too and never waits for a
-// task that has not started, so it cannot deadlock when the pool is busy.
-ParallelFor pool_parallel_for(ffi::ThreadPool* pool) {
-  return [pool](int64_t total, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) {
-    if (total <= 0) return;
-    const int64_t threads = std::max<int64_t>(1, pool->num_threads());
-    // Shards of at least ~100k cycles; a few per thread for balance.
-    const int64_t min_shard = std::max<int64_t>(1, 100000 / std::max<int64_t>(cost, 1));
-    const int64_t shard = std::max(min_shard, (total + 4 * threads - 1) / (4 * threads));
-    const int64_t shards = (total + shard - 1) / shard;
-    if (shards == 1 || threads == 1) {
-      fn(0, total);
-      return;
-    }
-    struct State {
-      std::atomic<int64_t> next{0};
-      std::atomic<int64_t> done{0};
-      std::mutex mu;
-      std::condition_variable cv;
-    };
-    auto state = std::make_shared<State>();
-    auto work = [state, &fn, total, shard, shards]() {
-      for (;;) {
-        const int64_t i = state->next.fetch_add(1);
-        if (i >= shards) return;
-        fn(i * shard, std::min(total, (i + 1) * shard));
-        if (state->done.fetch_add(1) + 1 == shards) {
-          std::lock_guard<std::mutex> lock(state->mu);
-          state->cv.notify_all();
-        }
-      }
-    };
-    // Tasks that start after every shard is taken return at once (they hold `state` alive and
-    // never touch `fn`).
-    for (int64_t i = 1; i < std::min(threads, shards); ++i) {
-      pool->Schedule([state, shards, work]() {
-        if (state->next.load() < shards) work();
-      });
-    }
-    work();
-    std::unique_lock<std::mutex> lock(state->mu);
-    state->cv.wait(lock, [&] { return state->done.load() == shards; });
-  };
 }
 
 // An int32 buffer wanted on the host: `count` values at `device`; *host points at them there.
@@ -494,30 +439,6 @@ TF_RNNT_FFI_HANDLERS(CudaPlatform, Cuda)
 #endif
 
 // ------------------------------------------------------------------ registration
-void register_handler(const XLA_FFI_Api* api, const char* name, const char* platform,
-                      XLA_FFI_Handler* handler) {
-  XLA_FFI_Handler_Register_Args args;
-  std::memset(&args, 0, sizeof(args));
-  args.struct_size = XLA_FFI_Handler_Register_Args_STRUCT_SIZE;
-  args.name = XLA_FFI_ByteSpan{name, std::strlen(name)};
-  args.platform = XLA_FFI_ByteSpan{platform, std::strlen(platform)};
-  args.bundle.execute = handler;
-  if (XLA_FFI_Error* error = api->XLA_FFI_Handler_Register(&args)) {
-    XLA_FFI_Error_GetMessage_Args message;
-    std::memset(&message, 0, sizeof(message));
-    message.struct_size = XLA_FFI_Error_GetMessage_Args_STRUCT_SIZE;
-    message.error = error;
-    api->XLA_FFI_Error_GetMessage(&message);
-    std::fprintf(stderr, "tf_rnnt: could not register XLA custom call %s for %s: %s\n", name,
-                 platform, message.message);
-    XLA_FFI_Error_Destroy_Args destroy;
-    std::memset(&destroy, 0, sizeof(destroy));
-    destroy.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
-    destroy.error = error;
-    api->XLA_FFI_Error_Destroy(&destroy);
-  }
-}
-
 // Registers the handlers of one platform, named k<Op><SUFFIX> above.
 #define TF_RNNT_REGISTER_FFI_HANDLERS(api, platform, SUFFIX)                                       \
   register_handler(api, "tf_rnnt_lattice_loss", platform, kLatticeLoss##SUFFIX);                   \

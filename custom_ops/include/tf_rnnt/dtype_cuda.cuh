@@ -56,6 +56,18 @@ inline int blocks_for(int64_t n, int threads, int64_t cap = 65535LL * 8) {
   return static_cast<int>(b < cap ? b : cap);
 }
 
+// Threads of a block that walks a sample's anti-diagonals over u: U1 in whole warps, at most 1024.
+inline int diagonal_threads(int U1) { return U1 >= 1024 ? 1024 : ((U1 + 31) / 32) * 32; }
+
+// Node i of a [B, T, U1] lattice as its sample b and position (t, u).
+struct LatticeNode {
+  int b, t, u;
+};
+__device__ __forceinline__ LatticeNode lattice_node(int64_t i, int T, int U1) {
+  return {static_cast<int>(i / (static_cast<int64_t>(T) * U1)), static_cast<int>((i / U1) % T),
+          static_cast<int>(i % U1)};
+}
+
 // Warp-level merge of online log-sum-exp states (lane 0 ends with the row's state).
 __device__ __forceinline__ LseState warp_lse(LseState s) {
 #pragma unroll
