@@ -56,5 +56,30 @@ for dtype in dtypes:
     tol = 1e-4 if dtype == tf.float32 else 5e-2  # TF32 is off by default in this check below
     failed |= not worst < tol
     print(dtype.name, "max |cpu - gpu| / (1 + |cpu|) =", worst, "tolerance", tol)
+# The TDT lattice loss (durations with and without 0) and the input-check op.
+durations_cases = ([0, 1, 2], [1, 2])
+for durations in durations_cases:
+    tdt_logits = rng.normal(size=(B, T, U + 1, V + len(durations))).astype(np.float32)
+    results = {}
+    for dev in ("/CPU:0", "/GPU:0"):
+        with tf.device(dev):
+            lg = tf.constant(tdt_logits)
+            with tf.GradientTape() as tape:
+                tape.watch(lg)
+                c = tf_rnnt.tdt_loss(lg, labels, tl, ul, durations, blank=0, sigma=0.05)
+            results[dev] = [c.numpy(), tape.gradient(c, lg).numpy()]
+    worst = max(float(np.max(np.abs(np.nan_to_num(a) - np.nan_to_num(b)) / (1 + np.abs(
+        np.nan_to_num(a))))) for a, b in zip(results["/CPU:0"], results["/GPU:0"]))
+    failed |= not worst < 1e-4
+    print("tdt", durations, "max |cpu - gpu| / (1 + |cpu|) =", worst, "tolerance", 1e-4)
+with tf.device("/GPU:0"):
+    checked = tf_rnnt.ops.check(tf.constant(tl), tf.constant([True, True, True]), "sanitizer")
+    failed |= not np.array_equal(checked.numpy(), tl)
+    try:
+        tf_rnnt.ops.check(tf.constant(tl), tf.constant([True, False, True]), "sanitizer: bad")
+        failed = True
+        print("check op: a false condition passed")
+    except tf.errors.InvalidArgumentError:
+        print("check op: a false condition raised")
 print("MISMATCH" if failed else "OK")
 raise SystemExit(1 if failed else 0)
