@@ -248,8 +248,10 @@ JointCase make_joint_case(std::mt19937* rng, int H, int V, Activation activation
 void test_joint(Backend* be, Report* report) {
   std::mt19937 rng(2);
   const char* act_names[] = {"tanh", "relu", "identity"};
-  // H = 7, V = 6: unaligned rows; H = 16, V = 24: the GPU's vector loads.
-  for (const auto& hv : {std::pair<int, int>{7, 6}, std::pair<int, int>{16, 24}}) {
+  // H = 7, V = 6: unaligned rows; H = 16, V = 24: the GPU's vector loads; H = 0: the logits are
+  // the bias alone (GEMMs with K = 0).
+  for (const auto& hv :
+       {std::pair<int, int>{7, 6}, std::pair<int, int>{16, 24}, std::pair<int, int>{0, 5}}) {
     for (Activation act : {Activation::kTanh, Activation::kRelu, Activation::kIdentity}) {
       const int blank = act == Activation::kRelu ? hv.second - 1 : 0;
       const JointCase c = make_joint_case(&rng, hv.first, hv.second, act, blank);
