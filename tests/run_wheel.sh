@@ -3,8 +3,8 @@
 # for sm_80/86/89/90 + PTX), installs it with its `tensorflow` extra into a clean virtualenv,
 # and, with no nvcc on PATH, checks its build record and GPU kernel registrations and runs the
 # CPU test suite against the installed wheel: the tests (tests/, the examples and benchmarks with
-# their tests, the shared conftest.py and pyproject.toml's pytest settings) are copied to a scratch
-# directory that has no tf_rnnt/ source package.
+# their tests, the shared conftest.py, pyproject.toml's pytest settings and the README, whose
+# examples a test runs) are copied to a scratch directory that has no tf_rnnt/ source package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -25,7 +25,7 @@ wheel=$(ls "$work"/dist/tf_rnnt-*.whl)
 no_nvcc_path=$(echo "$PATH" | tr ':' '\n' | while read -r dir; do
   [ -n "$dir" ] && [ ! -e "$dir/nvcc" ] && printf '%s:' "$dir"; done)
 mkdir "$work/run"
-cp -r tests examples benchmarks conftest.py pyproject.toml "$work/run/"
+cp -r tests examples benchmarks conftest.py pyproject.toml README.md "$work/run/"
 cd "$work/run"
 env -u CUDA_HOME -u CUDA_PATH -u PYTHONPATH -u TF_RNNT_LIBRARY PATH="$work/venv/bin:$no_nvcc_path" \
   TF_RNNT_EXPECT_WHEEL=1 bash -c '
