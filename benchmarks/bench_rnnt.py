@@ -4,6 +4,7 @@
   python benchmarks/bench_rnnt.py --suite loss    # rnnt_loss vs reference.rnnt_loss
   python benchmarks/bench_rnnt.py --suite flash   # flash tiled/untiled vs reference
   python benchmarks/bench_rnnt.py --suite scaling # time/memory vs T*U and tile size
+  python benchmarks/bench_rnnt.py --suite tdt     # flash_tdt_loss vs flash_rnnt_loss
   python benchmarks/bench_rnnt.py --suite all --out /tmp/rnnt_h200.md
 
 The flash suite runs each profile with all lengths full (the headline: every lattice node is
@@ -17,6 +18,10 @@ tf.config.experimental.get_memory_info(...)["peak"] after a reset, minus the mem
 before the step (inputs and weights): "peak above the inputs". On the CPU it reports
 ru_maxrss growth instead. GEMM rates count the four GEMMs of the fused joint (forward,
 recompute, d joint, d kernel): 4 * 2 * N * H * V flops, N = valid lattice nodes.
+
+The tdt suite (also `--loss tdt`) times flash_tdt_loss (durations --durations, a kernel of V + D
+columns) beside flash_rnnt_loss at the same shape, method and dtype, in one run, and the
+pure-TensorFlow reference of the TDT loss (full logits) where it fits.
 
 --trace DIR records a TensorFlow profiler trace of --trace-steps more runs of each flash case in
 DIR/<profile>_<lengths>_<dtype>_<method>/; `benchmarks/trace_summary.py --idle` reads it.
@@ -101,7 +106,9 @@ def record_trace(step, directory, steps):
         tf.profiler.experimental.stop()
 
 
-def make_inputs(B, T, U, H, V, dtype, seed=0, ragged=True):
+def make_inputs(B, T, U, H, V, dtype, seed=0, ragged=True, durations=0):
+    """The joint's inputs; `durations` > 0 adds that many duration columns to the output layer
+    (a TDT joint: kernel [H, V + D], labels in [1, V))."""
     rng = np.random.default_rng(seed)
     logit_lengths = np.full([B], T, np.int32)
     label_lengths = np.full([B], U, np.int32)
@@ -111,8 +118,8 @@ def make_inputs(B, T, U, H, V, dtype, seed=0, ragged=True):
     with tf.device(device_name()):
         enc = tf.constant(rng.normal(0, 0.5, (B, T, H)), dtype)
         pred = tf.constant(rng.normal(0, 0.5, (B, U + 1, H)), dtype)
-        kernel = tf.constant(rng.normal(0, 1 / np.sqrt(H), (H, V)), dtype)
-        bias = tf.constant(np.zeros(V), dtype)
+        kernel = tf.constant(rng.normal(0, 1 / np.sqrt(H), (H, V + durations)), dtype)
+        bias = tf.constant(np.zeros(V + durations), dtype)
         labels = tf.constant(rng.integers(1, V, (B, U)), tf.int32)
         tl = tf.constant(logit_lengths)
         ul = tf.constant(label_lengths)
@@ -120,14 +127,23 @@ def make_inputs(B, T, U, H, V, dtype, seed=0, ragged=True):
     return (enc, pred, kernel, bias, labels, tl, ul), nodes
 
 
-def joint_step(method, args, **kw):
+def joint_step(method, args, durations=None, **kw):
+    """Forward + backward of flash_rnnt_loss (or with `durations`, flash_tdt_loss) by `method`:
+    "tiled", "untiled" or "reference"."""
     enc, pred, kernel, bias, labels, tl, ul = args
 
     @tf.function
     def step():
         with tf.GradientTape() as tape:
             tape.watch([enc, pred, kernel, bias])
-            if method == "reference":
+            if durations is not None:
+                if method == "reference":
+                    costs = reference.flash_tdt_loss(enc, pred, kernel, bias, labels, tl, ul,
+                                                     durations)
+                else:
+                    costs = tf_rnnt.flash_tdt_loss(enc, pred, kernel, bias, labels, tl, ul,
+                                                   durations, mode=method, **kw)
+            elif method == "reference":
                 costs = reference.flash_rnnt_loss(enc, pred, kernel, bias, labels, tl, ul)
             else:
                 costs = tf_rnnt.flash_rnnt_loss(
@@ -268,6 +284,53 @@ def suite_flash(args, lines, results):
                     )
 
 
+def suite_tdt(args, lines, results):
+    """flash_tdt_loss beside flash_rnnt_loss, same shape, dtype and method, in one run."""
+    profiles = ["short", "medium", "long"] if args.profile == "auto" else [args.profile]
+    dtypes = [tf.as_dtype(d) for d in args.dtypes.split(",")] if args.dtypes else (
+        [tf.float32, tf.bfloat16] if device_name().startswith("GPU") else [tf.float32])
+    durations = [int(d) for d in args.durations.split(",")]
+    lines.append(f"\n### flash_tdt_loss (durations {durations}) and flash_rnnt_loss, "
+                 f"forward+backward ({device_name()})\n")
+    lines.append("| profile | lengths | dtype | method | RNN-T time | TDT time | TDT / RNN-T "
+                 "| RNN-T peak | TDT peak |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    results["tdt"] = []
+    length_kinds = ["full", "ragged"] if args.lengths == "both" else [args.lengths]
+    methods = [m for m in args.methods.split(",")]
+    for prof, lengths, dt in [(p, k, d) for p in profiles for k in length_kinds for d in dtypes]:
+        p = PROFILES[prof]
+        shape = (p["B"], p["T"], p["U"], p["H"], p["V"], dt)
+        rnnt_inputs, nodes = make_inputs(*shape, ragged=lengths == "ragged")
+        tdt_inputs, _ = make_inputs(*shape, ragged=lengths == "ragged",
+                                    durations=len(durations))
+        for method in methods:
+            if method == "reference" and prof == "long" and not args.long_reference:
+                continue
+            mode, _, kernel_path = method.partition("-")
+            options = {} if mode == "reference" else dict(gpu_kernel=kernel_path or "auto")
+            row = dict(profile=prof, lengths=lengths, dtype=dt.name, method=method,
+                       durations=durations, nodes=nodes)
+            for loss, inputs, extra in (("rnnt", rnnt_inputs, {}),
+                                        ("tdt", tdt_inputs, dict(durations=durations))):
+                try:
+                    seconds, used = measure(joint_step(mode, inputs, **extra, **options),
+                                            args.warmup, args.repeats)
+                except (tf.errors.ResourceExhaustedError, tf.errors.InvalidArgumentError) as e:
+                    seconds, used = None, None
+                    row[f"{loss}_error"] = type(e).__name__
+                row[f"{loss}_seconds"], row[f"{loss}_peak_bytes"] = seconds, used
+            results["tdt"].append(row)
+            ratio = (f"{row['tdt_seconds'] / row['rnnt_seconds']:.2f}x"
+                     if row["tdt_seconds"] and row["rnnt_seconds"] else "-")
+            cells = [f"{row[k] * 1e3:.1f} ms" if row[k] else row.get(k.replace("seconds", "error"))
+                     for k in ("rnnt_seconds", "tdt_seconds")]
+            lines.append(f"| {prof} | {lengths} | {dt.name} | {method} | {cells[0]} | {cells[1]} "
+                         f"| {ratio} | {fmt_bytes(row['rnnt_peak_bytes'] or 0)} "
+                         f"| {fmt_bytes(row['tdt_peak_bytes'] or 0)} |")
+            print(lines[-1], flush=True)
+
+
 def suite_scaling(args, lines, results):
     gpu = device_name().startswith("GPU")
     base = PROFILES["medium"] if gpu else PROFILES["cpu"]
@@ -305,7 +368,11 @@ def main():
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--suite", choices=["loss", "flash", "scaling", "all"], default="all")
+    parser.add_argument("--suite", choices=["loss", "flash", "scaling", "tdt", "all"],
+                        default="all")
+    parser.add_argument("--loss", choices=["rnnt", "tdt"], default="rnnt",
+                        help="tdt: the tdt suite (flash_tdt_loss beside flash_rnnt_loss)")
+    parser.add_argument("--durations", default="0,1,2,3,4", help="tdt suite: TDT durations")
     parser.add_argument("--profile", default="auto", choices=["auto"] + list(PROFILES))
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
@@ -341,8 +408,12 @@ def main():
     results = {"meta": {"device": gpu_name[2:] or "CPU", "tensorflow": tf.__version__,
                         "date": time.strftime("%Y-%m-%d"),
                         "command": "python benchmarks/bench_rnnt.py " + " ".join(sys.argv[1:])}}
-    for suite in (["loss", "flash", "scaling"] if args.suite == "all" else [args.suite]):
-        {"loss": suite_loss, "flash": suite_flash, "scaling": suite_scaling}[suite](
+    suites = ["loss", "flash", "scaling", "tdt"] if args.suite == "all" else [args.suite]
+    if args.loss == "tdt":
+        suites = ["tdt"]
+    for suite in suites:
+        {"loss": suite_loss, "flash": suite_flash, "scaling": suite_scaling,
+         "tdt": suite_tdt}[suite](
             args, lines, results
         )
     text = "\n".join(lines) + "\n"

@@ -470,6 +470,32 @@ def tdt_loss(logits, labels, logit_lengths, label_lengths, durations, blank=0, s
                                                     blank)
 
 
+def flash_tdt_loss(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths,
+                   durations, blank=0, sigma=0.0, activation="tanh", fastemit_lambda=0.0,
+                   clamp=-1.0, upstream=None):
+    """TDT costs [B] and gradients (encoder, predictor, kernel [H, V + D], bias [V + D]) of
+    sum_b upstream[b] * cost_b, through the full joint logits."""
+    logits = joint_logits(encoder, predictor, kernel, bias, activation)
+    costs, d_logits = tdt_loss(logits, labels, logit_lengths, label_lengths, durations, blank,
+                               sigma, fastemit_lambda, clamp, upstream)
+    return (costs,) + joint_backward(encoder, predictor, kernel, bias, d_logits, activation)
+
+
+def float32_tdt_joint_problem(seed, shape, durations, blank=0, ragged=True):
+    """float32_joint_problem with a TDT output layer: kernel [H, V + D], bias [V + D]
+    (D = len(durations)), labels in [0, V)."""
+    batch, max_t, max_u, hidden, vocab = shape
+    rng = np.random.default_rng(seed)
+    encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths = \
+        random_joint_problem(rng, batch, max_t, max_u, hidden, vocab, blank, ragged)
+    dur_kernel = rng.normal(0.0, 1.0 / np.sqrt(max(hidden, 1)), size=(hidden, len(durations)))
+    dur_bias = rng.normal(0.0, 0.1, size=(len(durations),))
+    kernel = np.concatenate([kernel, dur_kernel], axis=1)
+    bias = np.concatenate([bias, dur_bias])
+    params = [x.astype(np.float32).astype(np.float64) for x in (encoder, predictor, kernel, bias)]
+    return (*params, labels, logit_lengths, label_lengths)
+
+
 def tdt_brute_force_costs(logits, labels, logit_lengths, label_lengths, durations, blank=0,
                           sigma=0.0):
     """TDT costs [B] by enumerating every alignment (tiny cases only).

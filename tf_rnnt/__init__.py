@@ -4,7 +4,8 @@ Public API:
   lattice_loss, logits_to_lattice, rnnt_loss: the compiled RNN-T loss ops.
   joint_lattice, flash_rnnt_loss: the fused, tiled joint ("Flash RNN-T").
   samplewise_rnnt_loss: sample-wise RNN-T in pure TensorFlow.
-  tdt_loss, tdt_lattice_loss: the compiled TDT (Token-and-Duration Transducer) loss.
+  tdt_loss, tdt_lattice_loss, flash_tdt_loss: the compiled TDT (Token-and-Duration Transducer)
+    loss, on full logits, on a lattice, and fused and tiled from the joint's inputs.
   reference: the pure-TensorFlow oracle (full logits, autodiff).
   keras: FlashRNNTLoss, RNNTLoss and the RNNTJoint layer.
   decoding, export: transducer decoding (greedy, beam) and streaming export (SavedModel, TFLite).
@@ -26,6 +27,7 @@ _LAZY = {
     "flash_rnnt_loss": "tf_rnnt.ops",
     "samplewise_rnnt_loss": "tf_rnnt.samplewise",
     "tdt_loss": "tf_rnnt.tdt",
+    "flash_tdt_loss": "tf_rnnt.tdt",
     "tdt_lattice_loss": "tf_rnnt.tdt",
     "SecondOrderGradientError": "tf_rnnt._contract",
     "build_info": "tf_rnnt._loader",

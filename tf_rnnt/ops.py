@@ -138,14 +138,14 @@ def _check_grad(_, upstream):
     return upstream, None, None
 
 
-def _valid_node_mask(lattice, logit_lengths, label_lengths):
+def _valid_node_mask(lattice, logit_lengths, label_lengths, num_durations=0):
     """The compiled ops' zeros: 0 outside each sample's rectangle and in the label channel at
-    `u = label_lengths[b]`."""
+    `u = label_lengths[b]` (a TDT lattice's duration channels as its blank channel)."""
     shape = tf.shape(lattice)
     t_valid = tf.sequence_mask(logit_lengths, shape[1])[:, :, None]
     blank_valid = t_valid & tf.sequence_mask(label_lengths + 1, shape[2])[:, None, :]
     label_valid = t_valid & tf.sequence_mask(label_lengths, shape[2])[:, None, :]
-    mask = tf.stack([blank_valid, label_valid], axis=-1)
+    mask = tf.stack([blank_valid, label_valid] + [blank_valid] * num_durations, axis=-1)
     return tf.where(mask, lattice, tf.zeros_like(lattice))
 
 
@@ -296,7 +296,7 @@ def rnnt_loss(logits, labels, logit_lengths, label_lengths, blank=0, fastemit_la
 
 
 def _joint_attrs(activation, mode, tile_size, memory_budget, gpu_kernel, blank, vocab_size,
-                 owner):
+                 owner, num_durations=0):
     contract.check_choice(activation, contract.ACTIVATION_NAMES, "activation", owner)
     contract.check_choice(mode, contract.MODES, "mode", owner)
     contract.check_choice(gpu_kernel, contract.GPU_KERNELS, "gpu_kernel", owner)
@@ -305,12 +305,13 @@ def _joint_attrs(activation, mode, tile_size, memory_budget, gpu_kernel, blank, 
     return dict(blank=contract.check_blank(blank, owner, vocab_size), activation=activation,
                 untiled=mode == "untiled", tile_nodes=tile_size or 0,
                 memory_budget=memory_budget or 0, gpu_kernel=gpu_kernel,
-                allow_tf32=tf.config.experimental.tensor_float_32_execution_enabled())
+                allow_tf32=tf.config.experimental.tensor_float_32_execution_enabled(),
+                num_durations=num_durations)
 
 
 def joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths, blank=0,
                   activation="tanh", mode="tiled", tile_size=None, memory_budget=None,
-                  gpu_kernel="auto"):
+                  gpu_kernel="auto", durations=None):
     """Fused RNN-T joint: the lattice of `log_softmax(act(enc + pred) @ kernel + bias)`.
 
     Computes, for every valid node `(b, t, u)`, `log P(blank)` and `log P(labels[b, u])` of
@@ -360,29 +361,44 @@ def joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, label
         apply: float16/bfloat16, H a multiple of 8 up to 640, compute capability 9.0; else
         the cuBLAS path), "fused" (the fused kernels; InvalidArgumentError where they do not
         apply) or "cublas" (element-wise kernels around cuBLAS GEMMs). The gradient uses the
-        same kernels. Accepted and ignored on the CPU.
+        same kernels. Accepted and ignored on the CPU. A TDT joint (`durations`) runs the
+        cuBLAS path under "auto"; "fused" raises InvalidArgumentError.
+      durations: None (RNN-T), or a TDT joint's durations (see `tf_rnnt.flash_tdt_loss`):
+        the last `D = len(durations)` columns of `kernel` and `bias` are duration logits with
+        their own log-softmax, and the lattice gains `D` channels `log P(durations[i])`.
 
     Returns:
-      `[B, T, U+1, 2]` float32 lattice; 0 (with zero gradient) outside the valid nodes and in
-      the label channel at `u = label_lengths[b]`.
+      `[B, T, U+1, 2]` float32 lattice (`[B, T, U+1, 2 + D]` with durations; its token channels
+      carry no `sigma`); 0 (with zero gradient) outside the valid nodes and in the label channel
+      at `u = label_lengths[b]`.
 
     Example:
       >>> lattice = tf_rnnt.joint_lattice(enc, pred, kernel, bias, labels, t_len, u_len)
       >>> costs = tf_rnnt.lattice_loss(lattice, t_len, u_len)
     """
+    owner = "tf_rnnt.joint_lattice"
+    durations = () if durations is None else contract.check_durations(durations, owner)
     return _joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths,
-                          blank, activation, mode, tile_size, memory_budget, gpu_kernel,
-                          "tf_rnnt.joint_lattice")
+                          blank, activation, mode, tile_size, memory_budget, gpu_kernel, owner,
+                          durations)
 
 
 def _joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths, blank,
-                   activation, mode, tile_size, memory_budget, gpu_kernel, owner):
+                   activation, mode, tile_size, memory_budget, gpu_kernel, owner, durations=()):
+    # durations: a TDT joint's (checked by the caller): the kernel's last len(durations) columns.
+    num_durations = len(durations)
     encoder, predictor, kernel, bias = (
         contract.float_tensor(x, name, owner) for name, x in
         (("encoder", encoder), ("predictor", predictor), ("kernel", kernel), ("bias", bias)))
-    contract.check_vocabulary_size(contract.static_dim(kernel, 1), "kernel", owner)
+    width = contract.static_dim(kernel, 1)
+    if num_durations and width is not None and width <= num_durations:
+        raise ValueError(f"{owner}: kernel must have shape [H, V + D] with V >= 1 token columns "
+                         f"and D = len(durations) = {num_durations} duration columns, got "
+                         f"{kernel.shape}")
+    vocab_size = None if width is None else width - num_durations
+    contract.check_vocabulary_size(vocab_size, "kernel", owner)
     attrs = _joint_attrs(activation, mode, tile_size, memory_budget, gpu_kernel, blank,
-                         contract.static_dim(kernel, 1), owner)
+                         vocab_size, owner, num_durations)
     for name, x in (("predictor", predictor), ("kernel", kernel), ("bias", bias)):
         if x.dtype != encoder.dtype:
             raise ValueError(f"{owner}: {name} must have the encoder's dtype "
@@ -395,9 +411,14 @@ def _joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, labe
     if _xla_fallback("joint_lattice", "keras.RNNTJoint", "It materializes the full "
                      "[B, T, U+1, V] logits: compile the model with jit_compile=False to keep "
                      "the fused, tiled joint."):
-        lattice = _reference.joint_lattice(encoder, predictor, kernel, bias, labels,
-                                           attrs["blank"], activation)
-        return _valid_node_mask(lattice, logit_lengths, label_lengths)
+        if num_durations:
+            logits = _reference.joint_logits(encoder, predictor, kernel, bias, activation)
+            lattice = _reference.tdt_lattice_from_logits(logits, labels, durations,
+                                                         attrs["blank"])
+        else:
+            lattice = _reference.joint_lattice(encoder, predictor, kernel, bias, labels,
+                                               attrs["blank"], activation)
+        return _valid_node_mask(lattice, logit_lengths, label_lengths, num_durations)
     lattice, _, _, _ = _lib().tf_rnnt_joint_lattice(
         encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths, labels,
         logit_lengths, label_lengths, **attrs)
@@ -405,7 +426,7 @@ def _joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths, labe
 
 
 _JOINT_ATTR_NAMES = ("blank", "activation", "untiled", "tile_nodes", "memory_budget", "allow_tf32",
-                     "gpu_kernel")
+                     "gpu_kernel", "num_durations")
 
 
 @tf.RegisterGradient("TfRnntJointLattice")

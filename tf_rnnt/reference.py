@@ -21,7 +21,8 @@ import tensorflow as tf
 from tf_rnnt import _contract as contract
 
 __all__ = ["rnnt_loss", "lattice_from_logits", "lattice_loss", "joint_logits", "joint_lattice",
-           "flash_rnnt_loss", "tdt_lattice_from_logits", "tdt_lattice_loss", "tdt_loss"]
+           "flash_rnnt_loss", "tdt_lattice_from_logits", "tdt_lattice_loss", "tdt_loss",
+           "flash_tdt_loss"]
 
 _OWNER = "tf_rnnt.reference"
 
@@ -366,3 +367,13 @@ def tdt_loss(logits, labels, logit_lengths, label_lengths, durations, blank=0, s
     lattice = tdt_lattice_from_logits(logits, labels, durations, blank, sigma)
     return tdt_lattice_loss(lattice, logit_lengths, label_lengths, durations, fastemit_lambda,
                             clamp)
+
+
+def flash_tdt_loss(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths,
+                   durations, blank=0, sigma=0.0, activation="tanh", fastemit_lambda=0.0,
+                   clamp=-1.0):
+    """Reference `tf_rnnt.flash_tdt_loss`: full joint, full `[B, T, U+1, V + D]` logits,
+    autodiff (no `omega`)."""
+    logits = joint_logits(encoder, predictor, kernel, bias, activation)
+    return tdt_loss(logits, labels, logit_lengths, label_lengths, durations, blank, sigma,
+                    fastemit_lambda, clamp)

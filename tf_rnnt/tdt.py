@@ -18,7 +18,7 @@ from tf_rnnt import _loader
 from tf_rnnt import ops as _ops
 from tf_rnnt import reference as _reference
 
-__all__ = ["tdt_lattice_loss", "tdt_loss"]
+__all__ = ["flash_tdt_loss", "tdt_lattice_loss", "tdt_loss"]
 
 
 def tdt_lattice_loss(lattice, logit_lengths, label_lengths, durations, fastemit_lambda=0.0,
@@ -171,6 +171,81 @@ def tdt_loss(logits, labels, logit_lengths, label_lengths, durations, blank=0, s
     def rnnt():
         return _ops.rnnt_loss(token_logits, labels, logit_lengths, label_lengths, blank,
                               fastemit_lambda, clamp)
+
+    if omega == 0.0:
+        return tdt()
+    if omega == 1.0:
+        return rnnt()
+    draw = tf.random.uniform([]) if seed is None else tf.random.stateless_uniform([], seed)
+    return tf.cond(draw < omega, rnnt, tdt)
+
+
+def flash_tdt_loss(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths,
+                   durations, blank=0, sigma=0.0, activation="tanh", mode="tiled", tile_size=None,
+                   memory_budget=None, fastemit_lambda=0.0, clamp=-1.0, omega=0.0, seed=None,
+                   gpu_kernel="auto"):
+    """Flash TDT loss: the fused, tiled TDT joint and the TDT lattice loss, costs `[B]`.
+
+    The output layer `kernel [H, V + D]`, `bias [V + D]` gives `V` token logits (blank among
+    them) and `D = len(durations)` duration logits of `h = act(encoder[b, t] + predictor[b, u])`.
+    `joint_lattice` computes them tile by tile with the log-sum-exp over the token logits and a
+    separate log-softmax over the duration logits, keeping per node only the `2 + D` lattice
+    channels (blank, next label, durations) and the token log-sum-exp; the backward pass
+    recomputes each tile. Neither the `[B, T, U+1, V + D]` logits nor their gradient exist at
+    once. The lattice feeds `tdt_lattice_loss`, with `sigma` subtracted from its two token
+    channels. On Hopper the duration head runs in the cuBLAS path (`gpu_kernel="auto"` picks
+    it; "fused" raises InvalidArgumentError).
+
+    Args:
+      encoder: `[B, T, H]` projected encoder output (float32/float16/bfloat16).
+      predictor: `[B, U+1, H]` projected predictor output, same dtype.
+      kernel: `[H, V + D]` output layer: `V` token columns, then `D` duration columns.
+      bias: `[V + D]`.
+      labels: `[B, U]` int, in `[0, V)` and != blank within label_lengths.
+      logit_lengths: `[B]` int in `[1, T]`.
+      label_lengths: `[B]` int in `[0, U]`.
+      durations: strictly increasing non-negative ints containing 1 (a 0 comes first), e.g.
+        `[0, 1, 2, 3, 4]`; at most 64.
+      blank: blank index among the `V` token columns, in `[-V, V)`.
+      sigma: logit under-normalization (>= 0), as in `tdt_loss`.
+      activation, mode, tile_size, memory_budget, gpu_kernel: as in `tf_rnnt.joint_lattice`.
+      fastemit_lambda, clamp: as in `tdt_lattice_loss`.
+      omega, seed: as in `tdt_loss`; the RNN-T branch is `flash_rnnt_loss` on the token columns.
+
+    Returns:
+      `[B]` float32 costs, `-log P(y|x)`.
+
+    Example:
+      >>> costs = tf_rnnt.flash_tdt_loss(enc, pred, kernel, bias, labels, t_len, u_len,
+      ...                                durations=[0, 1, 2, 3, 4], sigma=0.05)
+    """
+    owner = "tf_rnnt.flash_tdt_loss"
+    durations = contract.check_durations(durations, owner)
+    sigma = contract.check_nonnegative_number(sigma, "sigma", owner)
+    fastemit_lambda = contract.check_fastemit_lambda(fastemit_lambda, owner)
+    clamp = contract.check_clamp(clamp, owner)
+    omega = contract.check_probability(omega, "omega", owner)
+    seed = _check_seed(seed, owner)
+    kernel = contract.float_tensor(kernel, "kernel", owner)
+    bias = contract.float_tensor(bias, "bias", owner)
+    joint = dict(blank=blank, activation=activation, mode=mode, tile_size=tile_size,
+                 memory_budget=memory_budget, gpu_kernel=gpu_kernel, owner=owner)
+
+    def tdt():
+        lattice = _ops._joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths,
+                                      label_lengths, durations=durations, **joint)
+        if sigma:
+            shift = tf.constant([sigma, sigma] + [0.0] * len(durations), tf.float32)
+            lattice = lattice - shift
+        return _tdt_lattice_loss(lattice, logit_lengths, label_lengths, durations,
+                                 fastemit_lambda, clamp, owner)
+
+    def rnnt():
+        vocab = tf.shape(kernel)[-1] - len(durations)
+        lattice = _ops._joint_lattice(encoder, predictor, kernel[:, :vocab], bias[:vocab], labels,
+                                      logit_lengths, label_lengths, **joint)
+        return _ops._lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda, clamp,
+                                  owner)
 
     if omega == 0.0:
         return tdt()

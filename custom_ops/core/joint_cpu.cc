@@ -128,40 +128,63 @@ struct JointCpu {
     om.noalias() = zm * km;
   }
 
-  // Online log-sum-exp and the two picks of nodes [n0, n1) into the padded lattice.
+  // Online log-sum-exp over the token columns and the two picks of nodes [n0, n1) into the
+  // padded lattice; a TDT joint's duration log-softmax into channels 2 .. 2 + D.
   void picks(int64_t n0, int64_t n1, const float* logits, float* lattice, float* lse) const {
-    const int V = s.V;
+    const int V = s.V, Vt = token_columns(s), C = lattice_channels(s);
     NodeCursor cursor(n0, offsets, s.B, label_lengths);
     for (int64_t n = n0; n < n1; ++n, cursor.next()) {
       const NodeIndex& i = cursor.idx;
       const float* row = logits + (n - n0) * V;
       LseState st = lse_init();
-      for (int v = 0; v < V; ++v) st = lse_push(st, row[v] + bias[v]);
-      const float total = lse_value(st);
+      for (int v = 0; v < Vt; ++v) st = lse_push(st, row[v] + bias[v]);
       const int64_t padded = (static_cast<int64_t>(i.b) * s.T + i.t) * s.U1 + i.u;
-      lse[n] = total;
-      lattice[2 * padded] = log_softmax_at(row[o.blank] + bias[o.blank], st);
+      float* node = lattice + C * padded;
+      lse[n] = lse_value(st);
+      node[0] = log_softmax_at(row[o.blank] + bias[o.blank], st);
       if (i.u < label_lengths[i.b]) {
         const int label = labels[static_cast<int64_t>(i.b) * (s.U1 - 1) + i.u];
-        lattice[2 * padded + 1] = log_softmax_at(row[label] + bias[label], st);
+        node[1] = log_softmax_at(row[label] + bias[label], st);
       }
+      if (s.D == 0) continue;
+      const LseState dur = durations_lse(row);
+      for (int j = 0; j < s.D; ++j) node[2 + j] = log_softmax_at(row[Vt + j] + bias[Vt + j], dur);
     }
   }
 
-  // logits rows -> d logits in place (eq. for logit_grad), rounded to the input dtype.
+  // Log-sum-exp of a row's duration columns (TDT).
+  LseState durations_lse(const float* row) const {
+    LseState st = lse_init();
+    for (int v = token_columns(s); v < s.V; ++v) st = lse_push(st, row[v] + bias[v]);
+    return st;
+  }
+
+  // logits rows -> d logits in place (logit_grad; duration_logit_grad for a TDT joint's
+  // duration columns), rounded to the input dtype.
   void logit_grads(int64_t n0, int64_t n1, const float* lse, const float* d_lattice,
                    float* rows) const {
-    const int V = s.V;
+    const int V = s.V, Vt = token_columns(s), C = lattice_channels(s);
     NodeCursor cursor(n0, offsets, s.B, label_lengths);
     for (int64_t n = n0; n < n1; ++n, cursor.next()) {
       const NodeIndex& i = cursor.idx;
       const int64_t padded = (static_cast<int64_t>(i.b) * s.T + i.t) * s.U1 + i.u;
       const bool has_label = i.u < label_lengths[i.b];
       const int label = has_label ? labels[static_cast<int64_t>(i.b) * (s.U1 - 1) + i.u] : -1;
-      const float g_blank = d_lattice[2 * padded];
-      const float g_label = has_label ? d_lattice[2 * padded + 1] : 0.f;
+      const float* g = d_lattice + C * padded;
+      const float g_blank = g[0];
+      const float g_label = has_label ? g[1] : 0.f;
       float* row = rows + (n - n0) * V;
-      for (int v = 0; v < V; ++v) {
+      if (s.D > 0) {
+        const float dur_lse = lse_value(durations_lse(row));
+        float g_sum = 0.f;
+        for (int j = 0; j < s.D; ++j) g_sum += g[2 + j];
+        for (int j = 0; j < s.D; ++j) {
+          const int v = Vt + j;
+          row[v] =
+              round_to_dtype<Load>(duration_logit_grad(row[v] + bias[v], dur_lse, g[2 + j], g_sum));
+        }
+      }
+      for (int v = 0; v < Vt; ++v) {
         row[v] = round_to_dtype<Load>(
             logit_grad(row[v] + bias[v], lse[n], v, o.blank, label, g_blank, g_label));
       }
@@ -238,7 +261,9 @@ void joint_node_offsets(const int32_t* logit_lengths, const int32_t* label_lengt
 Status joint_forward_cpu(const JointShape& shape, const JointOptions& options,
                          const JointForwardArgs& a, const ParallelFor& parallel_for) {
   const int H = shape.H, V = shape.V;
-  std::memset(a.lattice, 0, sizeof(float) * 2 * shape.B * static_cast<int64_t>(shape.T) * shape.U1);
+  std::memset(
+      a.lattice, 0,
+      sizeof(float) * lattice_channels(shape) * shape.B * static_cast<int64_t>(shape.T) * shape.U1);
   const int64_t num_nodes = a.in.host.num_nodes;
   if (num_nodes == 0) return Status();
   const bool untiled = a.saved_logits != nullptr;

@@ -284,17 +284,28 @@ __global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
   }
 }
 
-// Online log-sum-exp of logits + bias and the picks, a warp per node; each lane reads 16 bytes
-// of the row at a time (rows are Vp wide, a multiple of 8, so every pack is aligned).
+// Log-sum-exp of a TDT joint's D duration columns [Vt, Vt + D) of a row, in every lane.
+template <typename L>
+__device__ __forceinline__ LseState durations_lse(const L* row, const float* bias, int Vt, int D) {
+  LseState s = lse_init();
+  for (int j = 0; j < D; ++j) s = lse_push(s, to_float(row[Vt + j]) + bias[Vt + j]);
+  return s;
+}
+
+// The forward's per-node statistics, one warp a node (each lane reads 16 bytes of the row at a
+// time: rows are Vp wide, a multiple of 8, so every pack is aligned): the log-sum-exp over the Vt
+// token columns (lse), the blank and label log-probabilities, and a TDT joint's D duration
+// log-probabilities (lattice channels 2 .. 2 + D of C).
 template <typename L>
 __global__ void picks_kernel(int64_t n0, int64_t rows, const L* __restrict__ logits,
                              const float* __restrict__ bias, const int32_t* __restrict__ labels,
                              const int64_t* __restrict__ offsets,
                              const int32_t* __restrict__ label_lengths, int B, int T_max, int U1,
-                             int Vp, int blank, float* __restrict__ lattice,
+                             int Vp, int Vt, int D, int blank, float* __restrict__ lattice,
                              float* __restrict__ lse) {
   constexpr int kPack = 16 / sizeof(L);
   const int lane = threadIdx.x & 31;
+  const int C = 2 + D;
   for (int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + (threadIdx.x >> 5); r < rows;
        r += static_cast<int64_t>(gridDim.x) * kWarps) {
     const L* row = logits + r * Vp;
@@ -303,20 +314,27 @@ __global__ void picks_kernel(int64_t n0, int64_t rows, const L* __restrict__ log
       const Pack<L, kPack> packed = *reinterpret_cast<const Pack<L, kPack>*>(row + v);
       float x[kPack];
 #pragma unroll
-      for (int k = 0; k < kPack; ++k) x[k] = to_float(packed.x[k]) + bias[v + k];
+      for (int k = 0; k < kPack; ++k) {
+        x[k] = v + k < Vt ? to_float(packed.x[k]) + bias[v + k] : kNegInf;
+      }
       s = lse_push_block(s, x);
     }
     s = warp_lse(s);
+    const int64_t n = n0 + r;
+    const NodeIndex i = locate_node(n, offsets, B, label_lengths);
+    float* node = lattice + C * ((static_cast<int64_t>(i.b) * T_max + i.t) * U1 + i.u);
     if (lane == 0) {
-      const int64_t n = n0 + r;
-      const NodeIndex i = locate_node(n, offsets, B, label_lengths);
-      const float total = lse_value(s);
-      const int64_t padded = (static_cast<int64_t>(i.b) * T_max + i.t) * U1 + i.u;
-      lse[n] = total;
-      lattice[2 * padded] = log_softmax_at(to_float(row[blank]) + bias[blank], s);
+      lse[n] = lse_value(s);
+      node[0] = log_softmax_at(to_float(row[blank]) + bias[blank], s);
       if (i.u < label_lengths[i.b]) {
         const int label = labels[static_cast<int64_t>(i.b) * (U1 - 1) + i.u];
-        lattice[2 * padded + 1] = log_softmax_at(to_float(row[label]) + bias[label], s);
+        node[1] = log_softmax_at(to_float(row[label]) + bias[label], s);
+      }
+    }
+    if (D > 0) {
+      const LseState dur = durations_lse(row, bias, Vt, D);
+      for (int j = lane; j < D; j += 32) {
+        node[2 + j] = log_softmax_at(to_float(row[Vt + j]) + bias[Vt + j], dur);
       }
     }
   }
@@ -326,44 +344,54 @@ __global__ void picks_kernel(int64_t n0, int64_t rows, const L* __restrict__ log
 // zeros in the padding columns so the GEMMs that read d logits see no garbage. Columns below
 // `permuted` are in the fused kernels' order (fused::stored_column), and so is bias: only the
 // blank's and the label's places move (the columns below `permuted` are all below V). Packs
-// wholly past V are not read (the fused forward leaves them unwritten).
+// wholly past V are not read (the fused forward leaves them unwritten). A TDT joint's duration
+// columns [Vt, V) (never permuted) take duration_logit_grad.
 template <typename L, typename T>
 __global__ void logit_grads_kernel(int64_t n0, int64_t rows, const L* logits,
                                    const float* __restrict__ bias,
                                    const int32_t* __restrict__ labels,
                                    const int64_t* __restrict__ offsets,
                                    const int32_t* __restrict__ label_lengths, int B, int T_max,
-                                   int U1, int V, int Vp, int permuted, int blank,
+                                   int U1, int V, int Vp, int Vt, int permuted, int blank,
                                    const float* __restrict__ lse,
                                    const float* __restrict__ d_lattice, T* d_logits) {
   constexpr int kPack = 16 / sizeof(L);
   const int lane = threadIdx.x & 31;
+  const int D = V - Vt, C = 2 + D;
   const int blank_at = fused::stored_column(blank, permuted);
   for (int64_t r = blockIdx.x * static_cast<int64_t>(kWarps) + (threadIdx.x >> 5); r < rows;
        r += static_cast<int64_t>(gridDim.x) * kWarps) {
     const int64_t n = n0 + r;
     const NodeIndex i = locate_node(n, offsets, B, label_lengths);
-    const int64_t padded = (static_cast<int64_t>(i.b) * T_max + i.t) * U1 + i.u;
+    const float* g = d_lattice + C * ((static_cast<int64_t>(i.b) * T_max + i.t) * U1 + i.u);
     const bool has_label = i.u < label_lengths[i.b];
     const int label_at =
         has_label
             ? fused::stored_column(labels[static_cast<int64_t>(i.b) * (U1 - 1) + i.u], permuted)
             : -1;
-    const float g_blank = d_lattice[2 * padded];
-    const float g_label = has_label ? d_lattice[2 * padded + 1] : 0.f;
+    const float g_blank = g[0];
+    const float g_label = has_label ? g[1] : 0.f;
     const float total = lse[n];
     const L* row = logits + r * Vp;
     T* out = d_logits + r * Vp;
+    float dur_lse = 0.f, g_sum = 0.f;
+    if (D > 0) {
+      dur_lse = lse_value(durations_lse(row, bias, Vt, D));
+      for (int j = 0; j < D; ++j) g_sum += g[2 + j];
+      __syncwarp();  // every lane has read the duration logits before any is overwritten
+    }
     for (int v = lane * kPack; v < Vp; v += 32 * kPack) {
       Pack<L, kPack> packed{};
       if (v < V) packed = *reinterpret_cast<const Pack<L, kPack>*>(row + v);
       Pack<T, kPack> grads;
 #pragma unroll
       for (int k = 0; k < kPack; ++k) {
-        const float g = v + k < V ? logit_grad(to_float(packed.x[k]) + bias[v + k], total, v + k,
-                                               blank_at, label_at, g_blank, g_label)
-                                  : 0.f;
-        grads.x[k] = from_float<T>(g);
+        const int c = v + k;
+        const float x = to_float(packed.x[k]) + (c < V ? bias[c] : 0.f);
+        const float d = c < Vt  ? logit_grad(x, total, c, blank_at, label_at, g_blank, g_label)
+                        : c < V ? duration_logit_grad(x, dur_lse, g[2 + c - Vt], g_sum)
+                                : 0.f;
+        grads.x[k] = from_float<T>(d);
       }
       *reinterpret_cast<Pack<T, kPack>*>(out + v) = grads;
     }

@@ -91,7 +91,7 @@ Status cublas_forward(const Pass<T>& c, const JointForwardArgs& a, int64_t tile,
                                    c.Hk, 0.f, logits_buffer, cuda_type<L>(), c.Vp, c.o.allow_tf32));
     picks_kernel<L><<<grid_warps(rows), 32 * kWarps, 0, c.stream>>>(
         n0, rows, logits_buffer, c.buf.bias, c.in.labels, c.buf.offsets, c.in.label_lengths, c.s.B,
-        c.s.T, c.s.U1, c.Vp, c.o.blank, a.lattice, a.lse);
+        c.s.T, c.s.U1, c.Vp, token_columns(c.s), c.s.D, c.o.blank, a.lattice, a.lse);
     RETURN_IF_ERROR(last_launch_status());
   }
   return Status();
@@ -152,7 +152,7 @@ struct CublasRecompute {
                                    logits, cuda_type<T>(), c.Vp, c.o.allow_tf32));
     logit_grads_kernel<T, T><<<grid_warps(rows), 32 * kWarps, 0, c.stream>>>(
         n0, rows, logits, c.buf.bias, c.in.labels, c.buf.offsets, c.in.label_lengths, c.s.B, c.s.T,
-        c.s.U1, c.V, c.Vp, 0, c.o.blank, a.lse, a.d_lattice, logits);
+        c.s.U1, c.V, c.Vp, token_columns(c.s), 0, c.o.blank, a.lse, a.d_lattice, logits);
     *g = TileGrads<T>{c.buf.tile_z, z_ld, logits, c.buf.tile_z};
     return Status();
   }
@@ -220,8 +220,8 @@ struct Untiled {
       T* d_logits = reinterpret_cast<T*>(a.saved_logits);
       logit_grads_kernel<T, T><<<grid_warps(rows), 32 * kWarps, 0, c.stream>>>(
           n0, rows, d_logits, c.buf.bias, c.in.labels, c.buf.offsets, c.in.label_lengths, c.s.B,
-          c.s.T, c.s.U1, c.V, c.Vp, fused::permuted_columns(c.V), c.o.blank, a.lse, a.d_lattice,
-          d_logits);
+          c.s.T, c.s.U1, c.V, c.Vp, c.V, fused::permuted_columns(c.V), c.o.blank, a.lse,
+          a.d_lattice, d_logits);
       *g = TileGrads<T>{z, 0, d_logits, z};
       return Status();
     }
@@ -230,7 +230,7 @@ struct Untiled {
         sizeof(T) == sizeof(float) ? reinterpret_cast<T*>(a.saved_logits) : c.buf.d_logits;
     logit_grads_kernel<float, T><<<grid_warps(rows), 32 * kWarps, 0, c.stream>>>(
         n0, rows, a.saved_logits, c.buf.bias, c.in.labels, c.buf.offsets, c.in.label_lengths, c.s.B,
-        c.s.T, c.s.U1, c.V, c.Vp, 0, c.o.blank, a.lse, a.d_lattice, d_logits);
+        c.s.T, c.s.U1, c.V, c.Vp, token_columns(c.s), 0, c.o.blank, a.lse, a.d_lattice, d_logits);
     *g = TileGrads<T>{z, 0, d_logits, z};
     return Status();
   }
@@ -252,7 +252,8 @@ Status forward(const JointShape& s, const JointOptions& o, const JointForwardArg
                cudaStream_t stream) {
   const HostPlan& host = a.in.host;
   RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(
-      a.lattice, 0, sizeof(float) * 2 * static_cast<size_t>(s.B) * s.T * s.U1, stream)));
+      a.lattice, 0, sizeof(float) * lattice_channels(s) * static_cast<size_t>(s.B) * s.T * s.U1,
+      stream)));
   if (host.num_nodes == 0) return Status();
   cublasHandle_t handle;
   RETURN_IF_ERROR(cublas_handle_for(stream, &handle));

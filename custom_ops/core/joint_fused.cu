@@ -56,6 +56,7 @@ Status dispatch_half(DType dtype, Fn&& fn) {
 // Why the fused kernels cannot run this joint here, or null when they can.
 const char* pick(const JointShape& s, const JointOptions& o) {
   if (o.dtype == DType::kFloat32) return "the fused joint kernels take float16 or bfloat16";
+  if (s.D > 0) return "the fused joint kernels take no duration head (TDT)";
   if (s.H < 8 || s.H > kMaxH || s.H % 8 != 0) {
     return "the fused joint kernels need H, a multiple of 8, in [8, 640]";
   }

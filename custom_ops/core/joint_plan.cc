@@ -15,12 +15,12 @@ Status plan_joint_pass(const JointShape& s, const JointOptions& options, int64_t
                        const JointTileRequest& request, bool backward, bool gpu,
                        JointPassPlan* plan) {
   const int64_t nodes_max = static_cast<int64_t>(s.B) * s.T * s.U1;
-  if (s.B < 0 || s.T < 0 || s.H < 0 || s.U1 < 1 || s.V < 1 || num_nodes < 0 ||
+  if (s.B < 0 || s.T < 0 || s.H < 0 || s.U1 < 1 || s.D < 0 || s.V - s.D < 1 || num_nodes < 0 ||
       num_nodes > nodes_max || request.tile_nodes < 0 || request.memory_budget < 0) {
     Status st;
     st.code = StatusCode::kInvalidArgument;
     st.message =
-        "the joint's sizes cannot be planned (negative, U+1 or V below 1, or more "
+        "the joint's sizes cannot be planned (negative, U+1 or V - D below 1, or more "
         "valid nodes than B T (U+1))";
     return st;
   }

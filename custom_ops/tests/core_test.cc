@@ -96,7 +96,7 @@ class CpuBackend : public Backend {
         std::max(joint_workspace_bytes_cpu(s, c.options, in.host.tile_nodes, false, untiled),
                  joint_workspace_bytes_cpu(s, c.options, in.host.tile_nodes, true, untiled)) +
         1);
-    r->lattice.assign(static_cast<size_t>(s.B) * s.T * s.U1 * 2, -1.f);
+    r->lattice.assign(static_cast<size_t>(s.B) * s.T * s.U1 * lattice_channels(s), -1.f);
     r->lse.assign(offsets[s.B], 0.f);
     JointForwardArgs f;
     f.in = in;
@@ -223,13 +223,15 @@ void test_lattice_ops(Backend* be, Report* report) {
   }
 }
 
-JointCase make_joint_case(std::mt19937* rng, int H, int V, Activation activation, int blank) {
+JointCase make_joint_case(std::mt19937* rng, int H, int V, Activation activation, int blank,
+                          int D = 0) {
   JointCase c;
   c.shape.B = 3;
   c.shape.T = 5;
   c.shape.U1 = 4;
   c.shape.H = H;
   c.shape.V = V;
+  c.shape.D = D;
   c.options.blank = blank;
   c.options.activation = activation;
   c.options.dtype = DType::kFloat32;
@@ -239,7 +241,7 @@ JointCase make_joint_case(std::mt19937* rng, int H, int V, Activation activation
   c.predictor = uniform(rng, B * U1 * H, -1, 1);
   c.kernel = uniform(rng, static_cast<size_t>(H) * V, -0.5f, 0.5f);
   c.bias = uniform(rng, V, -0.5f, 0.5f);
-  c.labels = random_labels(rng, c.shape.B, c.shape.U1 - 1, V, blank);
+  c.labels = random_labels(rng, c.shape.B, c.shape.U1 - 1, V - D, blank);
   c.logit_lengths = {5, 2, 4};
   c.label_lengths = {3, 0, 2};
   return c;
@@ -248,22 +250,25 @@ JointCase make_joint_case(std::mt19937* rng, int H, int V, Activation activation
 void test_joint(Backend* be, Report* report) {
   std::mt19937 rng(2);
   const char* act_names[] = {"tanh", "relu", "identity"};
-  // H = 7, V = 6: unaligned rows; H = 16, V = 24: the GPU's vector loads; H = 0: the logits are
-  // the bias alone (GEMMs with K = 0).
-  for (const auto& hv :
-       {std::pair<int, int>{7, 6}, std::pair<int, int>{16, 24}, std::pair<int, int>{0, 5}}) {
+  // {H, V, D}. H = 7, V = 6: unaligned rows; H = 16, V = 24: the GPU's vector loads; H = 0: the
+  // logits are the bias alone (GEMMs with K = 0); D > 0: TDT joints, whose last D columns are
+  // duration logits (3 of 9: the duration columns straddle a 16-byte pack; 5 of 29).
+  const int cases[][3] = {{7, 6, 0}, {16, 24, 0}, {0, 5, 0}, {7, 9, 3}, {16, 29, 5}};
+  for (const auto& hvd : cases) {
+    const int H = hvd[0], V = hvd[1], D = hvd[2];
     for (Activation act : {Activation::kTanh, Activation::kRelu, Activation::kIdentity}) {
-      const int blank = act == Activation::kRelu ? hv.second - 1 : 0;
-      const JointCase c = make_joint_case(&rng, hv.first, hv.second, act, blank);
-      const std::vector<float> d_lattice =
-          uniform(&rng, static_cast<size_t>(c.shape.B) * c.shape.T * c.shape.U1 * 2, -1, 1);
+      const int blank = act == Activation::kRelu ? V - D - 1 : 0;
+      const JointCase c = make_joint_case(&rng, H, V, act, blank, D);
+      const std::vector<float> d_lattice = uniform(
+          &rng, static_cast<size_t>(c.shape.B) * c.shape.T * c.shape.U1 * lattice_channels(c.shape),
+          -1, 1);
       std::vector<double> lattice64, d_enc, d_pred, d_kernel, d_bias;
       joint_reference(c, d_lattice, &lattice64, &d_enc, &d_pred, &d_kernel, &d_bias);
       // Tiles of 1 node, of 7 (tiles cross samples mid-frame), of all nodes; untiled mode.
       for (int64_t tile : {1, 7, 1000, 0}) {
         char name[160];
-        std::snprintf(name, sizeof(name), "joint %s H=%d V=%d %s blank=%d %s", be->name(), hv.first,
-                      hv.second, act_names[static_cast<int>(act)], blank,
+        std::snprintf(name, sizeof(name), "joint %s H=%d V=%d D=%d %s blank=%d %s", be->name(), H,
+                      V, D, act_names[static_cast<int>(act)], blank,
                       tile > 0 ? ("tile=" + std::to_string(tile)).c_str() : "untiled");
         JointResult r;
         const Status st = be->joint(c, tile, d_lattice, &r);

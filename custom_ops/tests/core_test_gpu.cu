@@ -165,7 +165,8 @@ class GpuBackend : public Backend {
         std::max(joint_workspace_bytes_cuda(s, c.options, in.host.tile_nodes, false, untiled),
                  joint_workspace_bytes_cuda(s, c.options, in.host.tile_nodes, true, untiled));
     DeviceBuffer<char> workspace(bytes);
-    DeviceBuffer<float> lattice(static_cast<size_t>(s.B) * s.T * s.U1 * 2), lse(N);
+    DeviceBuffer<float> lattice(static_cast<size_t>(s.B) * s.T * s.U1 * lattice_channels(s)),
+        lse(N);
     cudaMemset(lattice.ptr, 0xff, sizeof(float) * lattice.n);  // NaN: every value must be written
     cudaMemset(lse.ptr, 0xff, sizeof(float) * lse.n);
     JointForwardArgs f;

@@ -126,7 +126,8 @@ bool valid_node(const JointCase& c, int b, int t, int u) {
   return t < c.logit_lengths[b] && u <= c.label_lengths[b];
 }
 
-// The joint's lattice (0 outside the valid nodes) and the gradients of sum(d_lattice * lattice).
+// The joint's lattice (0 outside the valid nodes; 2 + D channels) and the gradients of
+// sum(d_lattice * lattice).
 void joint_reference(const JointCase& c, const std::vector<float>& d_lattice,
                      std::vector<double>* lattice, std::vector<double>* d_enc,
                      std::vector<double>* d_pred, std::vector<double>* d_kernel,
@@ -153,25 +154,57 @@ void joint_reference(const JointCase& c, const std::vector<float>& d_lattice,
       }
     }
   }
-  std::vector<double> lse;
-  log_softmax_picks(logits, c.labels, B, T, U1, V, c.options.blank, lattice, &lse);
+  // A TDT joint (D > 0): the token picks over the first Vt columns, a log-softmax over the last
+  // D into channels 2 .. 2 + D (tdt_core.h).
+  const int D = s.D, Vt = V - D, C = 2 + D;
+  std::vector<double> token(nodes * Vt), lse, picks;
+  for (size_t n = 0; n < nodes; ++n) {
+    for (int v = 0; v < Vt; ++v) token[n * Vt + v] = logits[n * V + v];
+  }
+  log_softmax_picks(token, c.labels, B, T, U1, Vt, c.options.blank, &picks, &lse);
+  std::vector<double> dur_lse(nodes, 0.0);
+  lattice->assign(nodes * C, 0.0);
+  for (size_t n = 0; n < nodes; ++n) {
+    (*lattice)[C * n] = picks[2 * n];
+    (*lattice)[C * n + 1] = picks[2 * n + 1];
+    if (D == 0) continue;
+    double m = -INFINITY, sum = 0;
+    for (int j = 0; j < D; ++j) m = std::max(m, logits[n * V + Vt + j]);
+    for (int j = 0; j < D; ++j) sum += std::exp(logits[n * V + Vt + j] - m);
+    dur_lse[n] = m + std::log(sum);
+    for (int j = 0; j < D; ++j) (*lattice)[C * n + 2 + j] = logits[n * V + Vt + j] - dur_lse[n];
+  }
   std::vector<double> d_lat(d_lattice.begin(), d_lattice.end());
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
       for (int u = 0; u < U1; ++u) {
         const size_t n = (static_cast<size_t>(b) * T + t) * U1 + u;
         if (!valid_node(c, b, t, u)) {
-          (*lattice)[2 * n] = (*lattice)[2 * n + 1] = 0;
-          d_lat[2 * n] = d_lat[2 * n + 1] = 0;
+          for (int k = 0; k < C; ++k) (*lattice)[C * n + k] = d_lat[C * n + k] = 0;
         } else if (u == c.label_lengths[b]) {
-          (*lattice)[2 * n + 1] = 0;
-          d_lat[2 * n + 1] = 0;
+          (*lattice)[C * n + 1] = 0;
+          d_lat[C * n + 1] = 0;
         }
       }
     }
   }
-  const std::vector<double> d_logits =
-      log_softmax_picks_grad(logits, c.labels, B, T, U1, V, c.options.blank, d_lat);
+  std::vector<double> d_picks(2 * nodes);
+  for (size_t n = 0; n < nodes; ++n) {
+    d_picks[2 * n] = d_lat[C * n];
+    d_picks[2 * n + 1] = d_lat[C * n + 1];
+  }
+  const std::vector<double> d_token =
+      log_softmax_picks_grad(token, c.labels, B, T, U1, Vt, c.options.blank, d_picks);
+  std::vector<double> d_logits(nodes * V, 0.0);
+  for (size_t n = 0; n < nodes; ++n) {
+    for (int v = 0; v < Vt; ++v) d_logits[n * V + v] = d_token[n * Vt + v];
+    double g_sum = 0;
+    for (int j = 0; j < D; ++j) g_sum += d_lat[C * n + 2 + j];
+    for (int j = 0; j < D; ++j) {
+      d_logits[n * V + Vt + j] =
+          d_lat[C * n + 2 + j] - std::exp(logits[n * V + Vt + j] - dur_lse[n]) * g_sum;
+    }
+  }
   d_enc->assign(static_cast<size_t>(B) * T * H, 0.0);
   d_pred->assign(static_cast<size_t>(B) * U1 * H, 0.0);
   d_kernel->assign(static_cast<size_t>(H) * V, 0.0);

@@ -4,7 +4,9 @@
 //
 //   build/tests/joint_timing [--B 32 --T 400 --U 128 --H 640 --V 1025] [--dtype bfloat16]
 //                            [--lengths full|ragged] [--reps 20] [--budget-mb 256]
-//                            [--kernels cublas,fused,untiled,untiled-fused]
+//                            [--kernels cublas,fused,untiled,untiled-fused] [--durations 0]
+//
+// --durations D > 0 times a TDT joint: D duration columns beside the V token columns.
 //
 // cuBLAS is loaded as in core_test ($TF_RNNT_CUBLAS, else the usual library names). The tile
 // size follows the op's GPU default: as many nodes as fit the memory budget (untiled: every node,
@@ -93,7 +95,7 @@ float median(std::vector<float> x) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int B = 32, T = 400, U = 128, H = 640, V = 1025, reps = 20;
+  int B = 32, T = 400, U = 128, H = 640, V = 1025, D = 0, reps = 20;
   int64_t budget_mb = 256;
   std::string dtype_name = "bfloat16", lengths = "full", kernels = "cublas,fused";
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -108,6 +110,8 @@ int main(int argc, char** argv) {
       H = std::stoi(v);
     else if (k == "--V")
       V = std::stoi(v);
+    else if (k == "--durations")
+      D = std::stoi(v);
     else if (k == "--reps")
       reps = std::stoi(v);
     else if (k == "--budget-mb")
@@ -142,27 +146,29 @@ int main(int argc, char** argv) {
   std::vector<int32_t> labels(static_cast<size_t>(B) * U);
   std::uniform_int_distribution<int> dl(0, V - 2);
   for (int32_t& y : labels) y = dl(rng);  // blank = V - 1
-  JointShape s{B, T, U + 1, H, V};
+  // V token columns, then D duration columns (blank = V - 1 is a token).
+  JointShape s{B, T, U + 1, H, V + D, D};
+  const int C = lattice_channels(s), W = V + D;
   std::vector<int64_t> offsets(B + 1);
   joint_node_offsets(t_len.data(), u_len.data(), B, offsets.data());
   const int64_t N = offsets[B];
   const float w = 4.f / std::sqrt(static_cast<float>(H));
   void* enc = device_random(static_cast<size_t>(B) * T * H, dtype, -1, 1, &rng);
   void* pred = device_random(static_cast<size_t>(B) * (U + 1) * H, dtype, -1, 1, &rng);
-  void* kernel = device_random(static_cast<size_t>(H) * V, dtype, -w, w, &rng);
-  void* bias = device_random(V, dtype, -0.5f, 0.5f, &rng);
+  void* kernel = device_random(static_cast<size_t>(H) * W, dtype, -w, w, &rng);
+  void* bias = device_random(W, dtype, -0.5f, 0.5f, &rng);
   float* d_lattice = static_cast<float*>(
-      device_random(static_cast<size_t>(B) * T * (U + 1) * 2, DType::kFloat32, -1e-3f, 0, &rng));
+      device_random(static_cast<size_t>(B) * T * (U + 1) * C, DType::kFloat32, -1e-3f, 0, &rng));
   int32_t* d_labels = device_copy(labels);
   int32_t* d_t = device_copy(t_len);
   int32_t* d_u = device_copy(u_len);
   float *lattice, *lse;
-  CHECK_CUDA(cudaMalloc(&lattice, sizeof(float) * B * T * (U + 1) * 2));
+  CHECK_CUDA(cudaMalloc(&lattice, sizeof(float) * B * T * (U + 1) * C));
   CHECK_CUDA(cudaMalloc(&lse, sizeof(float) * std::max<int64_t>(N, 1)));
   void* grads[4];
   const size_t grad_sizes[4] = {static_cast<size_t>(B) * T * H,
-                                static_cast<size_t>(B) * (U + 1) * H, static_cast<size_t>(H) * V,
-                                static_cast<size_t>(V)};
+                                static_cast<size_t>(B) * (U + 1) * H, static_cast<size_t>(H) * W,
+                                static_cast<size_t>(W)};
   for (int k = 0; k < 4; ++k) CHECK_CUDA(cudaMalloc(&grads[k], grad_sizes[k] * dtype_size(dtype)));
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreate(&stream));
@@ -171,8 +177,9 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaEventCreate(&e1));
   CHECK_CUDA(cudaEventCreate(&e2));
   const double flop = 4.0 * 2.0 * static_cast<double>(N) * H * V;
-  std::printf("B=%d T=%d U=%d H=%d V=%d %s, %s lengths: %lld nodes, 4 GEMMs = %.2f TFLOP\n", B, T,
-              U, H, V, dtype_name.c_str(), lengths.c_str(), static_cast<long long>(N), flop / 1e12);
+  std::printf("B=%d T=%d U=%d H=%d V=%d D=%d %s, %s lengths: %lld nodes, 4 GEMMs = %.2f TFLOP\n", B,
+              T, U, H, V, D, dtype_name.c_str(), lengths.c_str(), static_cast<long long>(N),
+              flop / 1e12);
   std::printf(
       "| kernels | tile nodes | forward | backward | total | GEMM rate "
       "|\n|---|---|---|---|---|---|\n");

@@ -36,10 +36,12 @@ struct JointAttrs {
   int64_t memory_budget = 0;
   bool allow_tf32 = true;
   JointKernel kernel = JointKernel::kAuto;  // GPU only
+  int num_durations = 0;                    // JointShape::D
 
   explicit JointAttrs(::tensorflow::OpKernelConstruction* ctx) {
     std::string act, gpu_kernel;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("blank", &blank_attr));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_durations", &num_durations));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("activation", &act));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("untiled", &untiled));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("tile_nodes", &tile_nodes));
@@ -101,7 +103,8 @@ inline std::string batch_vector_error(const char* name, const Dims& d, int64_t B
 // bias [V], labels [B, U], logit and label lengths [B].
 inline std::string joint_shapes_error(const Dims& enc, const Dims& pred, const Dims& kernel,
                                       const Dims& bias, const Dims& labels,
-                                      const Dims& logit_lengths, const Dims& label_lengths) {
+                                      const Dims& logit_lengths, const Dims& label_lengths,
+                                      int64_t num_durations = 0) {
   if (enc.size() != 3) return "encoder must have shape [B, T, H], got " + shape_string(enc);
   const int64_t B = enc[0], H = enc[2];
   if (pred.size() != 3 || pred[0] != B || pred[2] != H) {
@@ -116,6 +119,10 @@ inline std::string joint_shapes_error(const Dims& enc, const Dims& pred, const D
   }
   const int64_t V = kernel[1];
   if (V < 1) return "kernel must have V >= 1 columns";
+  if (num_durations > 0 && V <= num_durations) {
+    return "kernel must have V + D columns, V >= 1 token columns then D = " +
+           std::to_string(num_durations) + " duration columns, got " + shape_string(kernel);
+  }
   if (bias.size() != 1 || bias[0] != V) {
     return "bias must have shape [" + std::to_string(V) + "] (V of kernel " + shape_string(kernel) +
            "), got " + shape_string(bias);

@@ -333,7 +333,7 @@ struct JointPlan {
     if (!shapes_ok(ctx,
                    joint_shapes_error(dims_of(enc), dims_of(pred), dims_of(kernel), dims_of(bias),
                                       dims_of(labels), dims_of(logit_lengths_host),
-                                      dims_of(label_lengths_host)))) {
+                                      dims_of(label_lengths_host), attrs.num_durations))) {
       return false;
     }
     const int64_t B = enc.dim_size(0), T = enc.dim_size(1), H = enc.dim_size(2);
@@ -344,7 +344,10 @@ struct JointPlan {
     shape.U1 = static_cast<int>(U1);
     shape.H = static_cast<int>(H);
     shape.V = static_cast<int>(V);
-    if (!normalize_blank(ctx, attrs.blank_attr, V, &options.blank)) return false;
+    shape.D = attrs.num_durations;
+    if (!normalize_blank(ctx, attrs.blank_attr, token_columns(shape), &options.blank)) {
+      return false;
+    }
     options.activation = attrs.activation;
     options.dtype = core_dtype(enc.dtype());
     options.allow_tf32 = attrs.allow_tf32;
@@ -409,15 +412,16 @@ class JointLatticeOp : public OpKernel {
     JointPlan<Device> plan;
     if (!plan.init(ctx, attrs_, kLogitLengthsHost)) return;
     const JointShape& s = plan.shape;
-    if (!validate_labels(ctx, ctx->input(kLabelsHost), ctx->input(kLabelLengthsHost), s.V,
-                         plan.options.blank)) {
+    if (!validate_labels(ctx, ctx->input(kLabelsHost), ctx->input(kLabelLengthsHost),
+                         token_columns(s), plan.options.blank)) {
       return;
     }
     Tensor* lattice = nullptr;
     Tensor* lse = nullptr;
     Tensor* saved[2] = {nullptr, nullptr};
     const int64_t N = plan.num_nodes();
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({s.B, s.T, s.U1, 2}), &lattice));
+    OP_REQUIRES_OK(
+        ctx, ctx->allocate_output(0, TensorShape({s.B, s.T, s.U1, lattice_channels(s)}), &lattice));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({N}), &lse));
     // Untiled mode keeps the joint values and logits of all N nodes: say what to change if they
     // don't fit. Tiled mode keeps nothing.
@@ -470,6 +474,11 @@ class JointLatticeGradOp : public OpKernel {
     // An empty batch still runs the launcher, which zeroes d kernel and d bias.
     OP_REQUIRES(ctx, ctx->input(kLse).NumElements() == N,
                 InvalidArgument("lse must have ", N, " elements"));
+    const JointShape& s = plan.shape;
+    const TensorShape lattice_shape({s.B, s.T, s.U1, lattice_channels(s)});
+    OP_REQUIRES(ctx, ctx->input(kDLattice).shape() == lattice_shape,
+                InvalidArgument("d_lattice must have shape ", lattice_shape.DebugString(), ", got ",
+                                ctx->input(kDLattice).shape().DebugString()));
     // Untiled mode: d logits overwrite the kept logits, and on the GPU d hidden the kept joint
     // values, in buffers TensorFlow forwards when it can, else in private copies (for example of
     // a persistent tape's tensors).

@@ -102,15 +102,16 @@ REGISTER_OP("TfRnntLogitsToLatticeGrad")
       .Input("logit_lengths: int32") \
       .Input("label_lengths: int32")
 
-#define TF_RNNT_JOINT_ATTRS                             \
-  Attr("dtype: {float, half, bfloat16}")                \
-      .Attr("blank: int")                               \
-      .Attr("activation: {'tanh', 'relu', 'identity'}") \
-      .Attr("untiled: bool = false")                    \
-      .Attr("tile_nodes: int = 0")                      \
-      .Attr("memory_budget: int = 0")                   \
-      .Attr("allow_tf32: bool = true")                  \
-      .Attr("gpu_kernel: {'auto', 'fused', 'cublas'} = 'auto'")
+#define TF_RNNT_JOINT_ATTRS                                     \
+  Attr("dtype: {float, half, bfloat16}")                        \
+      .Attr("blank: int")                                       \
+      .Attr("activation: {'tanh', 'relu', 'identity'}")         \
+      .Attr("untiled: bool = false")                            \
+      .Attr("tile_nodes: int = 0")                              \
+      .Attr("memory_budget: int = 0")                           \
+      .Attr("allow_tf32: bool = true")                          \
+      .Attr("gpu_kernel: {'auto', 'fused', 'cublas'} = 'auto'") \
+      .Attr("num_durations: int >= 0 = 0")
 
 REGISTER_OP("TfRnntJointLattice")
     .TF_RNNT_JOINT_INPUTS
@@ -139,13 +140,18 @@ REGISTER_OP("TfRnntJointLattice")
       TF_RETURN_IF_ERROR(c->Merge(c->Dim(kernel, 1), c->Dim(bias, 0), &vocab));
       TF_RETURN_IF_ERROR(c->Add(c->Dim(labels, 1), 1, &u1));
       TF_RETURN_IF_ERROR(c->Merge(u1, c->Dim(pred, 1), &u1));
-      c->set_output(0, c->MakeShape({batch, c->Dim(enc, 1), u1, c->MakeDim(2)}));
+      int64_t num_durations = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_durations", &num_durations));
+      c->set_output(0, c->MakeShape({batch, c->Dim(enc, 1), u1, c->MakeDim(2 + num_durations)}));
       // lse [N] of the N valid nodes; saved_hidden / saved_logits: what untiled mode keeps for
       // the gradient, in a layout of the device's choosing (empty in tiled mode).
       for (int i = 1; i < 4; ++i) c->set_output(i, c->Vector(c->UnknownDim()));
       return Status();
     })
     .Doc(R"doc(Fused joint + output layer + log-softmax picks, tile by tile (Flash RNN-T).
+
+num_durations: D > 0 makes a TDT joint: the last D of the kernel's columns are duration logits
+  with their own log-softmax, and the lattice has 2 + D channels (rnnt_core.h, JointShape).
 
 gpu_kernel: the GPU kernels of the joint: "fused" (Hopper's fused tile kernels; an error where
   they do not apply), "cublas" (element-wise kernels around cuBLAS GEMMs) or "auto" (fused where

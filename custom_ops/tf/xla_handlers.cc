@@ -18,7 +18,7 @@
 
 // The joint's attributes (the lowering's backend config).
 struct TfRnntJointFfiAttrs {
-  int64_t activation, allow_tf32, blank, gpu_kernel, memory_budget, tile_nodes;
+  int64_t activation, allow_tf32, blank, gpu_kernel, memory_budget, num_durations, tile_nodes;
 };
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(TfRnntJointFfiAttrs,
                                       ::xla::ffi::StructMember<int64_t>("activation"),
@@ -26,6 +26,7 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(TfRnntJointFfiAttrs,
                                       ::xla::ffi::StructMember<int64_t>("blank"),
                                       ::xla::ffi::StructMember<int64_t>("gpu_kernel"),
                                       ::xla::ffi::StructMember<int64_t>("memory_budget"),
+                                      ::xla::ffi::StructMember<int64_t>("num_durations"),
                                       ::xla::ffi::StructMember<int64_t>("tile_nodes"));
 
 namespace tf_rnnt {
@@ -272,9 +273,9 @@ struct JointFfiPlan {
   ffi::Error init(typename P::Ctx& ctx, const JointBuffersIn& b, Workspace& ws,
                   const TfRnntJointFfiAttrs& attrs, bool backward) {
     const char* op = backward ? "joint_lattice gradient" : "joint_lattice";
-    ffi::Error err = invalid_unless_empty(
-        joint_shapes_error(dims_of(b.enc), dims_of(b.pred), dims_of(b.kernel), dims_of(b.bias),
-                           dims_of(b.labels), dims_of(b.logit_lengths), dims_of(b.label_lengths)));
+    ffi::Error err = invalid_unless_empty(joint_shapes_error(
+        dims_of(b.enc), dims_of(b.pred), dims_of(b.kernel), dims_of(b.bias), dims_of(b.labels),
+        dims_of(b.logit_lengths), dims_of(b.label_lengths), attrs.num_durations));
     if (err.failure()) return err;
     const auto e = b.enc.dimensions();
     shape.B = static_cast<int>(e[0]);
@@ -282,6 +283,7 @@ struct JointFfiPlan {
     shape.H = static_cast<int>(e[2]);
     shape.U1 = static_cast<int>(b.pred.dimensions()[1]);
     shape.V = static_cast<int>(b.kernel.dimensions()[1]);
+    shape.D = static_cast<int>(attrs.num_durations);
     options.blank = static_cast<int>(attrs.blank);
     options.activation = static_cast<Activation>(attrs.activation);
     options.allow_tf32 = attrs.allow_tf32 != 0;
@@ -306,7 +308,7 @@ struct JointFfiPlan {
     if (err.failure()) return err;
     if (labels) {
       err = invalid_unless_empty(
-          labels_error(labels, label, shape.B, shape.U1 - 1, shape.V, attrs.blank));
+          labels_error(labels, label, shape.B, shape.U1 - 1, token_columns(shape), attrs.blank));
       if (err.failure()) return err;
     }
     in.encoder = b.enc.untyped_data();

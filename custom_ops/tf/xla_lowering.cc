@@ -225,7 +225,8 @@ class JointXla : public XlaOpKernel {
     for (int i = kEncoder; i <= kLabelLengths; ++i) {
       if (!xla_dims(ctx, i, kNames[i], &d[i])) return false;
     }
-    if (!shapes_ok(ctx, joint_shapes_error(d[0], d[1], d[2], d[3], d[4], d[5], d[6]))) {
+    if (!shapes_ok(ctx, joint_shapes_error(d[0], d[1], d[2], d[3], d[4], d[5], d[6],
+                                           attrs_.num_durations))) {
       return false;
     }
     JointShape s;
@@ -234,8 +235,9 @@ class JointXla : public XlaOpKernel {
     s.H = static_cast<int>(d[kEncoder][2]);
     s.U1 = static_cast<int>(d[kPredictor][1]);
     s.V = static_cast<int>(d[kKernel][1]);
+    s.D = attrs_.num_durations;
     int64_t blank;
-    if (!normalize_blank(ctx, attrs_.blank_attr, s.V, &blank)) return false;
+    if (!normalize_blank(ctx, attrs_.blank_attr, token_columns(s), &blank)) return false;
     JointOptions o;
     o.blank = static_cast<int>(blank);
     o.activation = attrs_.activation;
@@ -260,7 +262,8 @@ class JointXla : public XlaOpKernel {
                          .i64("tile_nodes", attrs_.tile_nodes)
                          .i64("memory_budget", attrs_.memory_budget)
                          .i64("allow_tf32", o.allow_tf32 ? 1 : 0)
-                         .i64("gpu_kernel", static_cast<int64_t>(o.kernel)),
+                         .i64("gpu_kernel", static_cast<int64_t>(o.kernel))
+                         .i64("num_durations", s.D),
                      outputs);
     return true;
   }
@@ -289,7 +292,8 @@ class JointLatticeXla : public JointXla {
       return;
     }
     const int64_t B = dims->dimensions()[0], T = dims->dimensions()[1], U1 = pred->dimensions()[1];
-    if (!emit(ctx, "tf_rnnt_joint_lattice", {f32_shape({B, T, U1, 2}), f32_shape({B * T * U1})}, {},
+    const int64_t C = 2 + attrs_.num_durations;
+    if (!emit(ctx, "tf_rnnt_joint_lattice", {f32_shape({B, T, U1, C}), f32_shape({B * T * U1})}, {},
               {0, 1})) {
       return;
     }

@@ -1,5 +1,6 @@
 """Small GPU workload for compute-sanitizer: every CUDA kernel of tf_rnnt, all dtypes, both modes,
-ragged lengths, blank first and last. Exits non-zero if results disagree with the CPU kernels."""
+ragged lengths, blank first and last, RNN-T and TDT joints. Exits non-zero if results disagree
+with the CPU kernels."""
 import argparse
 
 import numpy as np
@@ -72,6 +73,29 @@ for durations in durations_cases:
         np.nan_to_num(a))))) for a, b in zip(results["/CPU:0"], results["/GPU:0"]))
     failed |= not worst < 1e-4
     print("tdt", durations, "max |cpu - gpu| / (1 + |cpu|) =", worst, "tolerance", 1e-4)
+# The fused TDT joint (duration columns beside the token columns), tiled and untiled, 16-bit.
+durations = [0, 1, 2, 3, 4]
+for dtype in [d for d in joint_dtypes if d != tf.float32]:
+    enc = rng.normal(size=(B, T, H)).astype(np.float32)
+    pred = rng.normal(size=(B, U + 1, H)).astype(np.float32)
+    kern = rng.normal(size=(H, V + len(durations))).astype(np.float32) * 0.3
+    bias = rng.normal(size=(V + len(durations),)).astype(np.float32)
+    results = {}
+    for dev in ("/CPU:0", "/GPU:0"):
+        with tf.device(dev):
+            args = [tf.cast(x, dtype) for x in (enc, pred, kern, bias)]
+            out = []
+            for mode, tile in (("tiled", 5), ("untiled", None)):
+                with tf.GradientTape() as tape:
+                    tape.watch(args)
+                    c = tf_rnnt.flash_tdt_loss(*args, labels, tl, ul, durations, blank=-1,
+                                               sigma=0.05, mode=mode, tile_size=tile)
+                out += [c] + tape.gradient(c, args)
+            results[dev] = [tf.cast(x, tf.float32).numpy() for x in out]
+    worst = max(float(np.max(np.abs(a - b) / (1 + np.abs(a))))
+                for a, b in zip(results["/CPU:0"], results["/GPU:0"]))
+    failed |= not worst < 5e-2
+    print("flash tdt", dtype.name, "max |cpu - gpu| / (1 + |cpu|) =", worst, "tolerance", 5e-2)
 with tf.device("/GPU:0"):
     checked = tf_rnnt.ops.check(tf.constant(tl), tf.constant([True, True, True]), "sanitizer")
     failed |= not np.array_equal(checked.numpy(), tl)

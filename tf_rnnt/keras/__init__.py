@@ -1,5 +1,5 @@
-"""Keras 3 API: the `RNNTJoint` layer, the `FlashRNNTLoss` / `RNNTLoss` losses and the length
-utilities `conv_output_lengths`, `LengthMask` and `PredictorInput`.
+"""Keras 3 API: the `RNNTJoint` layer, the `FlashRNNTLoss` / `FlashTDTLoss` / `RNNTLoss` losses
+and the length utilities `conv_output_lengths`, `LengthMask` and `PredictorInput`.
 
 A transducer trained with Keras ends in an `RNNTJoint` layer and is compiled with the loss the
 layer hands out, so blank and label padding are set once:
@@ -10,6 +10,9 @@ lattice = joint([encoder_out, predictor_out, labels, frame_lengths])   # [B, T, 
 model = keras.Model([features, feature_lengths, labels], lattice)
 model.compile(optimizer="adam", loss=joint.loss())
 ```
+
+A TDT transducer (Xu et al. 2023) takes `RNNTJoint(..., durations=[0, 1, 2, 3, 4])`: its
+lattice has `2 + D` channels and `joint.loss(sigma=..., omega=...)` is a `FlashTDTLoss`.
 
 Lengths:
   * Frame lengths of `encoder_out`: the optional 4th input of `RNNTJoint` (after subsampling:
@@ -42,7 +45,7 @@ without usable XLA kernels, tracing them under XLA (e.g. `RNNTLoss` in a model c
 from tf_rnnt.keras.lattice import PAD_NODE_VALUE, lattice_lengths, mark_lattice_padding
 from tf_rnnt.keras.layer import RNNTJoint
 from tf_rnnt.keras.lengths import LengthMask, PredictorInput, conv_output_lengths
-from tf_rnnt.keras.losses import FlashRNNTLoss, RNNTLoss
+from tf_rnnt.keras.losses import FlashRNNTLoss, FlashTDTLoss, RNNTLoss
 
-__all__ = ["RNNTJoint", "FlashRNNTLoss", "RNNTLoss", "PredictorInput", "LengthMask",
+__all__ = ["RNNTJoint", "FlashRNNTLoss", "FlashTDTLoss", "RNNTLoss", "PredictorInput", "LengthMask",
            "conv_output_lengths", "mark_lattice_padding", "lattice_lengths", "PAD_NODE_VALUE"]

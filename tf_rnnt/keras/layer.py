@@ -18,14 +18,14 @@ from tf_rnnt.keras.checks import (
 )
 from tf_rnnt.keras.lattice import BLANK_CODE, mark_lattice_padding
 from tf_rnnt.keras.lengths import PredictorInput
-from tf_rnnt.keras.losses import FlashRNNTLoss, ops
+from tf_rnnt.keras.losses import FlashRNNTLoss, FlashTDTLoss, ops
 
 _ACTIVATIONS = {"tanh": tf.tanh, "relu": tf.nn.relu, "identity": tf.identity}
 
 
 @keras.saving.register_keras_serializable(package="tf_rnnt")
 class RNNTJoint(keras.layers.Layer):
-    """RNN-T joint network whose output is the `[B, T, U+1, 2]` lattice, not the logits.
+    """RNN-T (or TDT) joint network whose output is the `[B, T, U+1, 2]` lattice, not the logits.
 
     Owns the joint's weights: encoder projection `encoder_kernel` `[D_enc, units]` with
     `encoder_bias` `[units]`, predictor projection `predictor_kernel` `[D_pred, units]` (no bias:
@@ -61,6 +61,10 @@ class RNNTJoint(keras.layers.Layer):
         raising (for unpadded batches only).
       gpu_kernel: `tf_rnnt.joint_lattice`'s GPU kernel path: "auto", "fused" or "cublas" (no
         effect on the CPU).
+      durations: None (RNN-T), or a TDT joint's durations, e.g. `[0, 1, 2, 3, 4]` (Xu et al.
+        2023; see `tf_rnnt.flash_tdt_loss`): `kernel` gains `D = len(durations)` duration
+        columns `[units, vocab_size + D]` (and `bias` `[vocab_size + D]`), the output is the
+        `[B, T, U+1, 2 + D]` TDT lattice, and `joint.loss()` is a `FlashTDTLoss`.
       **kwargs: `keras.layers.Layer` arguments (name, dtype, trainable, ...).
 
     Example:
@@ -75,7 +79,7 @@ class RNNTJoint(keras.layers.Layer):
 
     def __init__(self, vocab_size, units, activation="tanh", blank=0, mode="tiled",
                  tile_size=None, memory_budget=None, pad_value=-1, all_frames_valid=False,
-                 gpu_kernel="auto", **kwargs):
+                 gpu_kernel="auto", durations=None, **kwargs):
         super().__init__(**kwargs)
         owner = "RNNTJoint"
         vocab_size = contract.check_positive_int(vocab_size, "vocab_size", owner,
@@ -97,6 +101,8 @@ class RNNTJoint(keras.layers.Layer):
         self.gpu_kernel = contract.check_choice(gpu_kernel, contract.GPU_KERNELS, "gpu_kernel",
                                                 owner)
         self.pad_value = check_pad_value(pad_value, self._blank_id, vocab_size, "RNNTJoint")
+        self.durations = (None if durations is None
+                          else list(contract.check_durations(durations, owner)))
         self._jit_warned = False
 
     @property
@@ -128,12 +134,22 @@ class RNNTJoint(keras.layers.Layer):
         self._jit_allowed = bool(value)
 
     def loss(self, **kwargs):
-        """A `FlashRNNTLoss` with this layer's blank and pad_value.
+        """A `FlashRNNTLoss` with this layer's blank and pad_value; for a TDT joint
+        (`durations`), a `FlashTDTLoss` with its durations too.
 
         Args:
-          **kwargs: the other `FlashRNNTLoss` arguments (fastemit_lambda, clamp, reduction, ...).
+          **kwargs: the other arguments of the loss (fastemit_lambda, clamp, reduction, ...;
+            for TDT also sigma, omega and seed).
         """
+        if self.durations is not None:
+            return FlashTDTLoss(durations=self.durations, blank=self._blank_id,
+                                pad_value=self.pad_value, **kwargs)
         return FlashRNNTLoss(blank=self._blank_id, pad_value=self.pad_value, **kwargs)
+
+    @property
+    def num_durations(self):
+        """D: the duration columns of the output layer (0 for RNN-T)."""
+        return 0 if self.durations is None else len(self.durations)
 
     def predictor_input(self, **kwargs):
         """A `PredictorInput` layer with this layer's blank and pad_value."""
@@ -159,9 +175,10 @@ class RNNTJoint(keras.layers.Layer):
         self.predictor_kernel = self.add_weight(name="predictor_kernel",
                                                 shape=(predictor_dim, self.units),
                                                 initializer="glorot_uniform")
-        self.kernel = self.add_weight(name="kernel", shape=(self.units, self.vocab_size),
+        width = self.vocab_size + self.num_durations
+        self.kernel = self.add_weight(name="kernel", shape=(self.units, width),
                                       initializer="glorot_uniform")
-        self.bias = self.add_weight(name="bias", shape=(self.vocab_size,), initializer="zeros")
+        self.bias = self.add_weight(name="bias", shape=(width,), initializer="zeros")
         self.built = True
 
     def _weight(self, variable):
@@ -214,11 +231,13 @@ class RNNTJoint(keras.layers.Layer):
                 encoder, predictor, self._weight(self.kernel), self._weight(self.bias),
                 clean_labels, logit_lengths, label_lengths, blank=self._blank_id,
                 activation=self.activation, mode=self.mode, tile_size=self.tile_size,
-                memory_budget=self.memory_budget, gpu_kernel=self.gpu_kernel)
+                memory_budget=self.memory_budget, gpu_kernel=self.gpu_kernel,
+                durations=self.durations)
         lattice = mark_lattice_padding(lattice, logit_lengths, label_lengths)
         # The blank code: the label channel at u = U is never read by the loss.
         num_nodes = tf.shape(lattice)[2]
-        is_code = (tf.range(num_nodes) == num_nodes - 1)[:, None] & tf.constant([False, True])
+        is_code = ((tf.range(num_nodes) == num_nodes - 1)[:, None]
+                   & tf.constant([False, True] + [False] * self.num_durations))
         lattice = tf.where(is_code, BLANK_CODE + self._blank_id, lattice)
         try:  # read by the losses at trace time: a static mismatch raises there
             lattice._tf_rnnt_joint_settings = (self._blank_id, self.pad_value)
@@ -235,7 +254,8 @@ class RNNTJoint(keras.layers.Layer):
         num_labels = labels.shape[1]
         return keras.KerasTensor(
             (encoder_out.shape[0], encoder_out.shape[1],
-             None if num_labels is None else num_labels + 1, 2), dtype="float32")
+             None if num_labels is None else num_labels + 1, 2 + self.num_durations),
+            dtype="float32")
 
     # -- decoding / export: plain TensorFlow -----------------------------------------------------
     def logits(self, encoder_out, predictor_out):
@@ -246,7 +266,8 @@ class RNNTJoint(keras.layers.Layer):
           predictor_out: `[B, U+1, D_pred]`.
 
         Returns:
-          `[B, T, U+1, vocab_size]` logits in the layer's compute dtype.
+          `[B, T, U+1, vocab_size]` logits in the layer's compute dtype; for a TDT joint
+          `[B, T, U+1, vocab_size + D]`: the token logits, then the duration logits.
         """
         encoder_out = tf.convert_to_tensor(encoder_out)
         predictor_out = tf.convert_to_tensor(predictor_out)
@@ -262,5 +283,6 @@ class RNNTJoint(keras.layers.Layer):
         config.update(vocab_size=self.vocab_size, units=self.units, activation=self.activation,
                       blank=self.blank, mode=self.mode, tile_size=self.tile_size,
                       memory_budget=self.memory_budget, pad_value=self.pad_value,
-                      all_frames_valid=self.all_frames_valid, gpu_kernel=self.gpu_kernel)
+                      all_frames_valid=self.all_frames_valid, gpu_kernel=self.gpu_kernel,
+                      durations=self.durations)
         return config

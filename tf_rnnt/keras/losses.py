@@ -1,4 +1,5 @@
-"""`FlashRNNTLoss` (on `RNNTJoint`'s lattice) and `RNNTLoss` (on full logits)."""
+"""`FlashRNNTLoss` and `FlashTDTLoss` (on `RNNTJoint`'s lattice) and `RNNTLoss` (on full
+logits)."""
 
 import keras
 import tensorflow as tf
@@ -187,18 +188,18 @@ class FlashRNNTLoss(_TransducerLoss):
         self._check_targets(y_true)
         self._check_layer_settings(getattr(y_pred, "_tf_rnnt_joint_settings", None))
         lattice = tf.convert_to_tensor(y_pred)
-        check_rank(lattice, 4, "y_pred", owner, "the [B, T, U+1, 2] lattice from RNNTJoint")
-        if contract.static_dim(lattice, 3) not in (None, 2):
-            raise ValueError(f"{owner}: `y_pred` must be the [B, T, U+1, 2] lattice from "
-                             f"RNNTJoint, got shape {lattice.shape}; for [B, T, U+1, V] logits "
-                             f"use tf_rnnt.keras.RNNTLoss.")
+        channels, what = self._channels()
+        check_rank(lattice, 4, "y_pred", owner, f"the {what} lattice from RNNTJoint")
+        if contract.static_dim(lattice, 3) not in (None, channels):
+            raise ValueError(f"{owner}: `y_pred` must be the {what} lattice from "
+                             f"RNNTJoint, got shape {lattice.shape}; {self._other_lattices}")
         lattice = tf.cast(lattice, tf.float32)
         labels = labels_as_int(y_true, "y_true", owner)
         check_rank(labels, 2, "y_true", owner, "[B, U] padded labels")
         asserts = check_same_batch(owner, ("y_true", labels), ("y_pred", lattice))
         asserts += [check_u_plus_one(labels, lattice, 2, "y_pred", owner),
-                    tf.debugging.assert_equal(tf.shape(lattice)[3], 2, message=(
-                        f"{owner}: `y_pred` must be a [B, T, U+1, 2] lattice"))]
+                    tf.debugging.assert_equal(tf.shape(lattice)[3], channels, message=(
+                        f"{owner}: `y_pred` must be a {what} lattice"))]
         # The lengths come from the lattice, so the device computes them only after the joint:
         # the checks of lattice values below run beside the loss op and gate the costs and
         # their gradient, not the op (which would then wait for a device-to-host copy while
@@ -241,9 +242,7 @@ class FlashRNNTLoss(_TransducerLoss):
             lattice = tf.where(lattice > PAD_THRESHOLD, tf.zeros_like(lattice), lattice)
             # Marked lengths lie in [0, T] and [0, U]; the op needs no host copy of them. A
             # sample without frames (rejected by the gates) gets a NaN cost, zero gradient.
-            costs = ops()._lattice_loss(lattice, logit_lengths, label_lengths,
-                                         self.fastemit_lambda, self.clamp, owner,
-                                         lengths_validated=True)
+            costs = self._lattice_costs(lattice, logit_lengths, label_lengths, owner)
         # The checks of lattice values run beside the loss op (not before it: the op would wait
         # for a device-to-host copy) and gate the costs and their gradient; being in the data
         # flow, they also hold under XLA.
@@ -251,6 +250,16 @@ class FlashRNNTLoss(_TransducerLoss):
         costs = _after_checks(costs, gates)
         return self._normalize(costs, label_lengths)
 
+    # What the lattice holds per node, and the costs of a lattice with its padding zeroed.
+    _other_lattices = ("for [B, T, U+1, V] logits use tf_rnnt.keras.RNNTLoss; for a TDT joint's "
+                       "lattice, FlashTDTLoss (joint.loss() of RNNTJoint(durations=...)).")
+
+    def _channels(self):
+        return 2, "[B, T, U+1, 2]"
+
+    def _lattice_costs(self, lattice, logit_lengths, label_lengths, owner):
+        return ops()._lattice_loss(lattice, logit_lengths, label_lengths, self.fastemit_lambda,
+                                   self.clamp, owner, lengths_validated=True)
 
     def _check_layer_settings(self, settings):
         """At trace time, where `y_pred` is known to come from an RNNTJoint: its blank and
@@ -265,6 +274,81 @@ class FlashRNNTLoss(_TransducerLoss):
                     f"FlashRNNTLoss({name}={mine}) differs from the {name} of the RNNTJoint that "
                     f"built `y_pred` ({theirs}). Set blank and pad_value once, on RNNTJoint, and "
                     f"compile with joint.loss().")
+
+
+@keras.saving.register_keras_serializable(package="tf_rnnt")
+class FlashTDTLoss(FlashRNNTLoss):
+    """TDT loss on the lattice of a TDT `RNNTJoint`; get it from the layer: `joint.loss()`.
+
+    As `FlashRNNTLoss`, for `RNNTJoint(..., durations=...)`, whose `y_pred` is the
+    `[B, T, U+1, 2 + D]` lattice: the blank and label log-probabilities, then the `D` duration
+    log-probabilities, with the same padded-node convention. The costs are those of
+    `tf_rnnt.tdt_lattice_loss` with `sigma` subtracted from the token channels (Xu et al. 2023,
+    NeMo's TDT loss).
+
+    Args:
+      durations: the joint's durations (e.g. `[0, 1, 2, 3, 4]`); `joint.loss()` passes them.
+      sigma: logit under-normalization (>= 0), as in `tf_rnnt.tdt_loss`.
+      omega: probability that a step computes the plain RNN-T loss of the token channels
+        instead (the duration channels then get no gradient), as in `tf_rnnt.tdt_loss`.
+      seed: with `0 < omega < 1`, None draws with `tf.random.uniform` (follows
+        `tf.random.set_seed`, a new draw each step); a pair of ints draws with
+        `tf.random.stateless_uniform` (the same draw each step).
+      blank, pad_value, fastemit_lambda, clamp, reduction, name, dtype, lattice: as in
+        `FlashRNNTLoss`.
+
+    Example:
+
+    ```python
+    joint = tf_rnnt.keras.RNNTJoint(vocab_size=V, units=320, durations=[0, 1, 2, 3, 4])
+    model.compile(optimizer="adam", loss=joint.loss(sigma=0.05, omega=0.1))
+    ```
+    """
+
+    def __init__(self, durations, sigma=0.0, omega=0.0, seed=None, blank=None, pad_value=None,
+                 fastemit_lambda=0.0, clamp=-1.0, reduction="sum_over_batch_size",
+                 name="flash_tdt_loss", dtype=None, lattice="rnnt_joint"):
+        super().__init__(blank, pad_value, fastemit_lambda, clamp, reduction, name, dtype,
+                         lattice)
+        owner = "FlashTDTLoss"
+        self.durations = list(contract.check_durations(durations, owner))
+        self.sigma = contract.check_nonnegative_number(sigma, "sigma", owner)
+        self.omega = contract.check_probability(omega, "omega", owner)
+        self.seed = None if seed is None else [int(v) for v in seed]
+        if self.seed is not None and len(self.seed) != 2:
+            raise ValueError(f"{owner}: seed must be None or a pair of ints, got {seed!r}")
+
+    def get_config(self):
+        return {**super().get_config(), "durations": self.durations, "sigma": self.sigma,
+                "omega": self.omega, "seed": self.seed}
+
+    _other_lattices = ("for an RNN-T joint's [B, T, U+1, 2] lattice use FlashRNNTLoss; for "
+                       "full logits, tf_rnnt.tdt_loss.")
+
+    def _channels(self):
+        channels = 2 + len(self.durations)
+        return channels, f"[B, T, U+1, {channels}] TDT"
+
+    def _lattice_costs(self, lattice, logit_lengths, label_lengths, owner):
+        from tf_rnnt import tdt
+
+        def tdt_costs():
+            shift = tf.constant([self.sigma] * 2 + [0.0] * len(self.durations), tf.float32)
+            return tdt._tdt_lattice_loss(lattice - shift, logit_lengths, label_lengths,
+                                         self.durations, self.fastemit_lambda, self.clamp, owner)
+
+        def rnnt_costs():
+            return ops()._lattice_loss(lattice[..., :2], logit_lengths, label_lengths,
+                                       self.fastemit_lambda, self.clamp, owner,
+                                       lengths_validated=True)
+
+        if self.omega == 0.0:
+            return tdt_costs()
+        if self.omega == 1.0:
+            return rnnt_costs()
+        draw = (tf.random.uniform([]) if self.seed is None
+                else tf.random.stateless_uniform([], tf.constant(self.seed, tf.int64)))
+        return tf.cond(draw < self.omega, rnnt_costs, tdt_costs)
 
 
 @keras.saving.register_keras_serializable(package="tf_rnnt")

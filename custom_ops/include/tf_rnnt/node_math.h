@@ -135,6 +135,16 @@ TF_RNNT_HD float logit_grad(float logit, float lse, int v, int blank, int label,
   return g;
 }
 
+// d logits of a TDT joint's duration column j (tdt_core.h), whose log-softmax over the D
+// duration columns (log-sum-exp lse) feeds lattice channel 2 + j with gradient g_j; g_sum is the
+// sum of the D channels' gradients:  g_j - softmax_j * g_sum.
+template <typename Exp = ExactExp>
+TF_RNNT_HD float duration_logit_grad(float logit, float lse, float g_j, float g_sum,
+                                     Exp exp = Exp()) {
+  if (g_sum == 0.f && g_j == 0.f) return 0.f;
+  return g_j - exp(logit - lse) * g_sum;
+}
+
 TF_RNNT_HD float activate(float x, Activation activation) {
   switch (activation) {
     case Activation::kTanh:

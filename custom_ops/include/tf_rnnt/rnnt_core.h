@@ -85,9 +85,17 @@ Status logits_to_lattice_grad_cuda(const void* logits, DType dtype, const int32_
 //   node n of sample b at offsets[b] + t * (U_b + 1) + u,
 //   offsets[b + 1] = offsets[b] + T_b * (U_b + 1)
 // and processed in tiles of consecutive packed nodes, so padding costs no GEMM work.
+// A TDT joint (Xu et al. 2023; tdt_core.h) has D > 0: the last D of the V output columns are
+// duration logits, normalized by their own log-softmax, and the lattice has 2 + D channels:
+// (log P(blank), log P(y_{u+1})) over the V - D token columns, then log P(durations[i]).
 struct JointShape {
   int B = 0, T = 0, U1 = 0, H = 0, V = 0;
+  int D = 0;  // duration columns (TDT), 0 for RNN-T
 };
+
+// Channels of a node of the joint's lattice, and the token columns the log-sum-exp covers.
+inline int lattice_channels(const JointShape& s) { return 2 + s.D; }
+inline int token_columns(const JointShape& s) { return s.V - s.D; }
 
 // How the GPU launchers run a joint (the ops' gpu_kernel attribute). kFused: the fused tile
 // kernels (Hopper's wgmma kernels: joint values formed on chip, log-sum-exp and d logits in the
@@ -99,7 +107,7 @@ struct JointShape {
 enum class JointKernel : int { kAuto = 0, kCublas = 1, kFused = 2 };
 
 struct JointOptions {
-  int blank = 0;  // in [0, V)
+  int blank = 0;  // in [0, V - D)
   Activation activation = Activation::kTanh;
   DType dtype = DType::kFloat32;  // of encoder, predictor, kernel, bias and the gradients
   bool allow_tf32 = true;         // float32 GEMMs may use TF32 tensor cores (GPU)
@@ -188,8 +196,8 @@ Status plan_joint_pass(const JointShape& shape, const JointOptions& options, int
 struct JointForwardArgs {
   JointInputs in;
   void* workspace = nullptr;      // joint_workspace_bytes_{cpu,cuda}(..., false, untiled)
-  float* lattice = nullptr;       // [B, T, U1, 2] out; 0 outside the valid rectangles
-  float* lse = nullptr;           // [num_nodes] out (packed)
+  float* lattice = nullptr;       // [B, T, U1, 2 + D] out; 0 outside the valid rectangles
+  float* lse = nullptr;           // [num_nodes] out (packed), over the token columns
   void* saved_hidden = nullptr;   // untiled mode: joint_saved_sizes().hidden dtype out (else null)
   float* saved_logits = nullptr;  // untiled mode: joint_saved_sizes().logits out (else null)
 };
@@ -198,7 +206,7 @@ struct JointBackwardArgs {
   JointInputs in;
   void* workspace = nullptr;         // joint_workspace_bytes_{cpu,cuda}(..., true, untiled)
   const float* lse = nullptr;        // [num_nodes]
-  const float* d_lattice = nullptr;  // [B, T, U1, 2]
+  const float* d_lattice = nullptr;  // [B, T, U1, 2 + D]
   void* saved_hidden = nullptr;      // untiled: as forward, the GPU writes d hidden over it,
                                      // the CPU only reads it (else null: recomputed per tile)
   float* saved_logits = nullptr;     // untiled: as forward; overwritten by d logits (else null)
