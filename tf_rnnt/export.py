@@ -22,7 +22,8 @@ The model is given as its streaming pieces (the protocol of `tf_rnnt.decoding`, 
   encode_chunk(features [B, C, F], encoder_state) -> {"frames": [B, C', D], "encoder_state"}
   decode_chunk(frames [B, C', D], decoder_state) -> {"tokens": [B, C' * S] int32 (-1: none),
       "text": [B] string (this chunk's labels as text), "decoder_state"}
-      Greedy search with at most S labels per frame (`tf_rnnt.decoding.greedy_search`).
+      Greedy search with at most S labels per frame (`tf_rnnt.decoding.greedy_search`; for a
+      TDT joint, `tdt_greedy_search`, whose state carries the frames left to skip).
   transcribe(audio [B, N], audio_lengths [B] int32) -> {"text": [B] string,
       "tokens": [B, K] int32 (-1: none)}
 
@@ -39,6 +40,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import convert_to_constants
 
+from tf_rnnt import _contract as contract
 from tf_rnnt import decoding
 
 SIGNATURES = ("features", "initial_state", "encode_chunk", "decode_chunk", "transcribe")
@@ -117,11 +119,15 @@ class StreamingTranscriber(tf.Module):
       frame_lengths_fn: `[B]` feature frames -> `[B]` encoder frames.
       blank: the blank id.
       max_symbols_per_frame: the greedy search's limit.
+      durations: None (RNN-T), or a TDT model's durations (default: the joint's `durations`
+        attribute, as `RNNTJoint(..., durations=...)` has): decoding is then
+        `tf_rnnt.decoding.tdt_greedy_search` over the joint's `V + D` logits (`vocabulary` holds
+        the `V` tokens), and the decoder state carries the frames left to skip.
     """
 
     def __init__(self, encoder, predictor, joint, feature_fn, num_features, vocabulary,
                  feature_lengths_fn, frame_lengths_fn, blank=0, max_symbols_per_frame=5,
-                 name="streaming_transducer"):
+                 durations=None, name="streaming_transducer"):
         super().__init__(name=name)
         _check_protocol(encoder, "encoder", ("initial_state", "stream"))
         _check_protocol(predictor, "predictor", ("initial_state", "step"))
@@ -135,6 +141,10 @@ class StreamingTranscriber(tf.Module):
             raise ValueError(f"StreamingTranscriber: blank must be an int in [-V, V) for the "
                              f"V={len(vocabulary)} entries of `vocabulary`, got {blank!r}.")
         blank %= len(vocabulary)
+        if durations is None:
+            durations = getattr(joint, "durations", None)
+        self.durations = None if durations is None else list(
+            contract.check_durations(durations, "StreamingTranscriber"))
         self.encoder = encoder
         self.predictor = predictor
         self.joint = joint
@@ -171,13 +181,21 @@ class StreamingTranscriber(tf.Module):
 
     # -- pieces --------------------------------------------------------------------------------
     def _greedy_start(self, batch_size):
-        return decoding.greedy_initial_state(self.predictor.step,
-                                             self.predictor.initial_state(batch_size), self.blank)
+        start = self.predictor.initial_state(batch_size)
+        if self.durations is not None:
+            return decoding.tdt_greedy_initial_state(self.predictor.step, start, self.blank)
+        return decoding.greedy_initial_state(self.predictor.step, start, self.blank)
 
     def _greedy(self, frames, frame_lengths, flat_state):
-        tokens, state = decoding.greedy_search(
-            frames, frame_lengths, self._decoder_state.unflatten(flat_state), self.joint_fn,
-            self.predictor.step, self.max_symbols_per_frame, self.blank)
+        state = self._decoder_state.unflatten(flat_state)
+        if self.durations is not None:
+            tokens, state = decoding.tdt_greedy_search(
+                frames, frame_lengths, state, self.joint_fn, self.predictor.step,
+                self.durations, self.max_symbols_per_frame, self.blank)
+        else:
+            tokens, state = decoding.greedy_search(
+                frames, frame_lengths, state, self.joint_fn, self.predictor.step,
+                self.max_symbols_per_frame, self.blank)
         return tokens, self._decoder_state.flatten(state)
 
     def _text(self, tokens):

@@ -45,6 +45,22 @@ def make_transcriber(model, feature_config=pipeline.FeatureConfig(), max_symbols
         frame_lengths_fn=output_lengths, blank=pipeline.BLANK, max_symbols_per_frame=max_symbols)
 
 
+def greedy_tokens(frames, frame_lengths, predictor, joint_fn, durations, max_symbols):
+    """Greedy search over whole utterances: `tf_rnnt.decoding.greedy_search`, or with
+    `durations` (a TDT joint) `tdt_greedy_search`; tokens `[B, T * max_symbols]`."""
+    start = predictor.initial_state(tf.shape(frames)[0])
+    if durations:
+        state = decoding.tdt_greedy_initial_state(predictor.step, start, pipeline.BLANK)
+        tokens, _ = decoding.tdt_greedy_search(frames, frame_lengths, state, joint_fn,
+                                               predictor.step, durations, max_symbols,
+                                               pipeline.BLANK)
+        return tokens
+    state = decoding.greedy_initial_state(predictor.step, start, pipeline.BLANK)
+    tokens, _ = decoding.greedy_search(frames, frame_lengths, state, joint_fn, predictor.step,
+                                       max_symbols, pipeline.BLANK)
+    return tokens
+
+
 class UtteranceTranscriber(tf.Module):
     """Whole-utterance signatures of a `build_model` model with a full-context encoder:
 
@@ -54,7 +70,7 @@ class UtteranceTranscriber(tf.Module):
 
     as the signatures of the same names of `tf_rnnt.export.StreamingTranscriber`. The encoder
     reads the feature lengths (`encoder([features, feature_lengths])`): the padding of a batch
-    does not change a sample's result. Greedy search (`tf_rnnt.decoding.greedy_search`).
+    does not change a sample's result. Greedy search (`greedy_tokens`).
     """
 
     def __init__(self, model, feature_config=pipeline.FeatureConfig(), max_symbols=5,
@@ -64,6 +80,7 @@ class UtteranceTranscriber(tf.Module):
         self.feature_config = feature_config
         self.max_symbols = max_symbols
         self._joint_fn = decoding.joint_fn_from_layer(self.joint)
+        self._durations = self.joint.durations
         self._texts = tf.constant(["" if i == pipeline.BLANK else text
                                    for i, text in enumerate(tokenizer.token_texts())])
         self.features = tf.function(
@@ -79,11 +96,9 @@ class UtteranceTranscriber(tf.Module):
         features = pipeline.log_mel(audio, self.feature_config)
         feature_lengths = pipeline.num_frames(audio_lengths, self.feature_config)
         frames = self.encoder([features, feature_lengths], training=False)
-        start = decoding.greedy_initial_state(
-            self.predictor.step, self.predictor.initial_state(tf.shape(audio)[0]), pipeline.BLANK)
-        tokens, _ = decoding.greedy_search(
-            frames, self.encoder.frame_lengths(feature_lengths), start, self._joint_fn,
-            self.predictor.step, self.max_symbols, pipeline.BLANK)
+        tokens = greedy_tokens(frames, self.encoder.frame_lengths(feature_lengths),
+                               self.predictor, self._joint_fn, self._durations,
+                               self.max_symbols)
         text = tf.strings.reduce_join(tf.gather(self._texts, tf.maximum(tokens, 0)), axis=-1)
         return {"text": text, "tokens": decoding.compact_tokens(tokens)}
 

@@ -39,6 +39,11 @@ class ModelConfig:
     attention_heads: int = 4  # Conformer only, as the three below
     ff_dim: int = 576
     conv_kernel_size: int = 15
+    # TDT (train.py --tdt): the joint's durations (empty: RNN-T), and the loss's sigma and omega
+    # (NeMo's TDT defaults).
+    durations: tuple = ()
+    tdt_sigma: float = 0.05
+    tdt_omega: float = 0.1
 
 
 # GPU settings (train.py --large, learning rate 5e-4). Measured on an H200 with the
@@ -409,8 +414,9 @@ def build_encoder(config):
 
 def build_model(config=ModelConfig(), learning_rate=1e-3, steps=None, ema_momentum=0.0):
     """The training model: `{"features", "feature_lengths", "labels"}` -> lattice, compiled
-    with `FlashRNNTLoss`; with `ema_momentum` > 0 the optimizer keeps an exponential moving
-    average of the weights (`keras.callbacks.SwapEMAWeights` evaluates with it)."""
+    with `FlashRNNTLoss` (with `config.durations`, a TDT joint and its `FlashTDTLoss`); with
+    `ema_momentum` > 0 the optimizer keeps an exponential moving average of the weights
+    (`keras.callbacks.SwapEMAWeights` evaluates with it)."""
     features = keras.Input((None, config.num_mel_bins), name="features")
     feature_lengths = keras.Input((), dtype="int32", name="feature_lengths")
     labels = keras.Input((None,), dtype="int32", name="labels")
@@ -418,7 +424,8 @@ def build_model(config=ModelConfig(), learning_rate=1e-3, steps=None, ema_moment
     predictor_class = StatelessPredictor if config.predictor == "stateless" else Predictor
     predictor = predictor_class(config.vocab_size, config.embedding_dim, config.predictor_dim,
                                 dropout=config.dropout, name="predictor")
-    joint = RNNTJoint(config.vocab_size, config.joint_dim, name="joint")
+    joint = RNNTJoint(config.vocab_size, config.joint_dim, name="joint",
+                      durations=list(config.durations) or None)
     frames = encoder([features, feature_lengths])
     lattice = joint([frames, predictor(labels), labels])
     name = "streaming_transducer" if config.encoder == "lstm" else "conformer_transducer"
@@ -432,8 +439,12 @@ def build_model(config=ModelConfig(), learning_rate=1e-3, steps=None, ema_moment
         schedule = learning_rate
     optimizer = keras.optimizers.Adam(schedule, clipnorm=5.0, use_ema=ema_momentum > 0,
                                       ema_momentum=ema_momentum or 0.99)
-    model.compile(optimizer=optimizer,
-                  loss=FlashRNNTLoss(fastemit_lambda=config.fastemit_lambda))
+    if config.durations:
+        loss = joint.loss(fastemit_lambda=config.fastemit_lambda, sigma=config.tdt_sigma,
+                          omega=config.tdt_omega)
+    else:
+        loss = FlashRNNTLoss(fastemit_lambda=config.fastemit_lambda)
+    model.compile(optimizer=optimizer, loss=loss)
     return model
 
 

@@ -3,6 +3,7 @@
     python examples/speech/train.py --out runs/speech --tflite          # CPU default
     python examples/speech/train.py --out runs/speech_large --large     # GPU
     python examples/speech/train.py --out runs/speech_conformer --conformer   # Conformer encoder
+    python examples/speech/train.py --out runs/speech_tdt --tdt         # TDT, same encoder
 
 Training data: the committed synthesized set (`data/`, espeak-ng) and digit strings made from
 the committed Free Spoken Digit Dataset words of five speakers (`fsdd.py`, written to
@@ -14,7 +15,10 @@ checkpoints (checkpoints/, final.weights.h5), the metrics (results.json), the he
 references with their greedy hypotheses (hypotheses.tsv) and the streaming
 SavedModel (saved_model/, see export.py; with --tflite also streaming_step.tflite). With
 --conformer the encoder attends to whole utterances: the SavedModel has the whole-utterance
-signatures only (features, transcribe) and --tflite is refused.
+signatures only (features, transcribe) and --tflite is refused. With --tdt the joint is a TDT
+joint (durations 0-4, `FlashTDTLoss` with sigma 0.05 and omega 0.1) and decoding is TDT greedy
+search; results.json then also holds the greedy decoding speed on the held-out sets
+("decoding": search time and joint steps per second of audio), as every run does.
 """
 
 import argparse
@@ -54,24 +58,31 @@ DEFAULT_DATA = os.path.join(_HERE, "data")
 
 def make_evaluator(model, max_symbols=5, beam_size=0, tokenizer=pipeline.CHARACTERS):
     """`evaluate(dataset) -> (WER, references, hypotheses)`: greedy search, or modified beam
-    search when `beam_size` > 0; `tokenizer` turns the ids into text."""
+    search when `beam_size` > 0 (TDT greedy and beam search for a TDT joint); `tokenizer` turns
+    the ids into text."""
+    from export import greedy_tokens
+
     encoder, predictor, joint = parts(model)
     joint_fn = decoding.joint_fn_from_layer(joint)
+    durations = joint.durations
 
     @tf.function(reduce_retracing=True)
     def decode_batch(features, feature_lengths):
         frames = encoder([features, feature_lengths], training=False)
         lengths = encoder.frame_lengths(feature_lengths)
         start = predictor.initial_state(tf.shape(features)[0])
+        if beam_size and durations:
+            state = decoding.tdt_beam_initial_state(predictor.step, start, beam_size,
+                                                    pipeline.BLANK)
+            state = decoding.tdt_beam_search(frames, lengths, state, joint_fn, predictor.step,
+                                             durations, max_symbols, pipeline.BLANK)
+            return decoding.best_hypothesis(state)[0]
         if beam_size:
             state = decoding.beam_initial_state(predictor.step, start, beam_size, pipeline.BLANK)
             state = decoding.beam_search(frames, lengths, state, joint_fn, predictor.step,
                                          pipeline.BLANK)
             return decoding.best_hypothesis(state)[0]
-        state = decoding.greedy_initial_state(predictor.step, start, pipeline.BLANK)
-        tokens, _ = decoding.greedy_search(frames, lengths, state, joint_fn, predictor.step,
-                                           max_symbols, pipeline.BLANK)
-        return tokens
+        return greedy_tokens(frames, lengths, predictor, joint_fn, durations, max_symbols)
 
     def evaluate(dataset):
         references, hypotheses = [], []
@@ -82,6 +93,55 @@ def make_evaluator(model, max_symbols=5, beam_size=0, tokenizer=pipeline.CHARACT
         return word_error_rate(references, hypotheses), references, hypotheses
 
     return evaluate
+
+
+def decoding_speed(model, dataset, max_symbols=5, repeats=3):
+    """Greedy search speed over `dataset`, one utterance at a time (batch 1, as on a phone), the
+    encoder's frames computed beforehand: the search's wall time (the best of `repeats` passes,
+    after a warm-up pass) and its joint steps (the joint's evaluations: one for each frame and
+    emitted symbol in RNN-T greedy search, one for each move in TDT greedy search), per second
+    of audio."""
+    from export import greedy_tokens
+
+    encoder, predictor, joint = parts(model)
+    joint_fn = decoding.joint_fn_from_layer(joint)
+    steps = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+    def counted_joint_fn(frames, predictor_out):
+        steps.assign_add(1)
+        return joint_fn(frames, predictor_out)
+
+    @tf.function(input_signature=[tf.TensorSpec([1, None, None], tf.float32)])
+    def search(frames):
+        return greedy_tokens(frames, tf.shape(frames)[1:2], predictor, counted_joint_fn,
+                             joint.durations, max_symbols)
+
+    utterances, audio_seconds = [], 0.0
+    config = pipeline.FeatureConfig()
+    for inputs, _ in dataset:
+        feature_lengths = inputs["feature_lengths"]
+        frames = encoder([inputs["features"], feature_lengths], training=False)
+        lengths = encoder.frame_lengths(feature_lengths).numpy()
+        for b, n in enumerate(lengths):
+            utterances.append(tf.cast(frames[b:b + 1, :n], tf.float32))
+        samples = (feature_lengths.numpy().astype(np.float64) - 1) * config.frame_step + \
+            config.frame_length
+        audio_seconds += float(samples.sum()) / config.sample_rate
+    for frames in utterances[:2]:  # warm-up: traces
+        search(frames).numpy()
+    best = float("inf")
+    for _ in range(repeats):
+        steps.assign(0)
+        begin = time.perf_counter()
+        for frames in utterances:
+            search(frames).numpy()
+        best = min(best, time.perf_counter() - begin)
+    frames_total = sum(int(f.shape[1]) for f in utterances)
+    return dict(utterances=len(utterances), audio_seconds=audio_seconds,
+                encoder_frames=frames_total, search_seconds=best,
+                search_ms_per_audio_second=1e3 * best / audio_seconds,
+                joint_steps=int(steps.numpy()),
+                joint_steps_per_audio_second=int(steps.numpy()) / audio_seconds)
 
 
 def word_error_rate(references, hypotheses):
@@ -169,6 +229,8 @@ def parse_args(argv):
     p.add_argument("--time-limit", type=float, default=None,
                    help="stop after the epoch that passes this many minutes")
     p.add_argument("--large", action="store_true", help="larger model and batches (GPU)")
+    p.add_argument("--tdt", action="store_true",
+                   help="a TDT joint (durations 0-4) and loss with the same encoder")
     p.add_argument("--conformer", action="store_true",
                    help="a Conformer encoder (full context; no streaming export) in place of the "
                    "streaming LSTM encoder; with --large a bigger one")
@@ -248,6 +310,8 @@ def main(argv=None):
     for key in ("encoder_dim", "encoder_layers", "dropout"):
         if getattr(args, key) is not None:
             sizes[key] = getattr(args, key)
+    if args.tdt:
+        sizes["durations"] = (0, 1, 2, 3, 4)
     config = ModelConfig(vocab_size=tokenizer.size, predictor=args.predictor,
                          fastemit_lambda=args.fastemit_lambda,
                          mean_prior_frames=args.mean_prior_frames, **sizes)
@@ -332,6 +396,11 @@ def main(argv=None):
             print(f"held-out WER ({name}): {wer:.2%} on {len(refs)} utterances")
             for r, h in list(zip(refs, hyps))[:3]:
                 print(f"  ref: {r}\n  hyp: {h}")
+    results["decoding"] = {}
+    for name, dataset in test_ds.items():
+        speed = results["decoding"][name] = decoding_speed(model, dataset, args.max_symbols)
+        print(f"greedy search ({name}): {speed['search_ms_per_audio_second']:.2f} ms and "
+              f"{speed['joint_steps_per_audio_second']:.1f} joint steps per second of audio")
     if args.beam_size:
         results["wer_beam"] = {}
         evaluate_beam = make_evaluator(model, beam_size=args.beam_size, tokenizer=tokenizer)

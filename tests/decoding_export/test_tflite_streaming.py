@@ -3,7 +3,8 @@
 A tiny random speech model (examples/speech, stateless and LSTM predictors) is exported both
 ways; the TFLite model must hold builtin ops only (no Flex) and, run in a TFLite interpreter
 (LiteRT's when installed, else TensorFlow's) chunk by chunk over held-out audio, give the same
-tokens and states as the SavedModel's encode_chunk + decode_chunk.
+tokens and states as the SavedModel's encode_chunk + decode_chunk; a TDT model too (its decoder
+state carries the frames a move skips into the next chunk).
 """
 
 import os
@@ -22,12 +23,12 @@ from tf_rnnt import export
 CHUNK = 16  # feature frames per step: 4 encoder frames
 
 
-def tiny_model(predictor):
+def tiny_model(predictor, durations=()):
     keras.utils.set_random_seed(5)
     model = build_model(ModelConfig(vocab_size=pipeline.VOCAB_SIZE, conv_channels=8,
                                     encoder_dim=32, encoder_layers=2, embedding_dim=16,
                                     predictor_dim=24, joint_dim=24, dropout=0.0,
-                                    predictor=predictor))
+                                    predictor=predictor, durations=durations))
     encoder, _, joint = parts(model)
     encoder.set_feature_statistics(np.full(40, -6.0, np.float32), np.full(40, 3.0, np.float32))
     joint.kernel.assign(joint.kernel * 8.0)  # clear argmax margins: no near-ties to flip
@@ -45,9 +46,11 @@ def op_names(flatbuffer):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("predictor", ["stateless", "lstm"])
-def test_tflite_streaming_step_equals_saved_model(predictor, tmp_path):
-    model = tiny_model(predictor)
+@pytest.mark.parametrize("predictor,durations", [
+    pytest.param("stateless", (), id="stateless"), pytest.param("lstm", (), id="lstm"),
+    pytest.param("stateless", (0, 1, 2, 3, 4), id="tdt")])
+def test_tflite_streaming_step_equals_saved_model(predictor, durations, tmp_path):
+    model = tiny_model(predictor, durations)
     transcriber = speech_export.make_transcriber(model)
     export.export_saved_model(transcriber, str(tmp_path / "saved_model"))
     flatbuffer = export.convert_streaming_step_to_tflite(transcriber, CHUNK)
