@@ -19,6 +19,8 @@
 #   sanitize    compute-sanitizer memcheck, racecheck and initcheck on tests/gpu/sanitizer_case.py,
 #               memcheck on the core test, and all three on its fused-kernel cases
 #   bench       benchmarks/bench_rnnt.py --suite all (results in $OUT/bench.md)
+#   tdt         Flash TDT beside Flash RNN-T: joint_timing --durations 5, and
+#               benchmarks/bench_rnnt.py --loss tdt ($TDT_METHODS, default tiled,untiled)
 #   profile     per-kernel times (Nsight Compute) of one tiled step, for $PROFILE_DTYPES
 #               (default "float32 bfloat16")
 #   ab          the flash step at the "medium" profile for each library in $AB_LIBS (paths of
@@ -77,6 +79,20 @@ for step in "$@"; do
         TF_RNNT_CORE_TEST_REQUIRE_FUSED=$fused_required \
         gpu0 build/tests/core_test > "$OUT/core_test.log" 2>&1 || fail core
       grep -E "FAIL|SKIPPED|^CPU:|^GPU:|PASSED" "$OUT/core_test.log" ;;
+    tdt)
+      # Flash TDT beside Flash RNN-T: the launchers without TensorFlow (a TDT joint of 5
+      # durations on the cuBLAS path), then bench_rnnt.py's tdt suite ($OUT/tdt.md and .json).
+      [[ -x build/tests/joint_timing ]] || { fail "tdt (no build/tests/joint_timing)"; continue; }
+      for dtype in bfloat16 float32; do
+        for lengths in full ragged; do
+          TF_RNNT_CUBLAS=${TF_RNNT_CUBLAS:-$(cublas_path)} gpu0 build/tests/joint_timing \
+            --dtype "$dtype" --lengths "$lengths" --durations 5 --kernels cublas,untiled 2>&1 \
+            | tee -a "$OUT/tdt_timing.log" || fail "tdt timing $dtype $lengths"
+        done
+      done
+      gpu0 "$PYTHON" benchmarks/bench_rnnt.py --loss tdt --methods "${TDT_METHODS:-tiled,untiled}" \
+        --out "$OUT/tdt.md" > "$OUT/tdt_bench.log" 2>&1 || fail "tdt benchmark"
+      grep -E '^\|' "$OUT/tdt.md" ;;
     timing)
       # The CUDA launchers without TensorFlow, cuBLAS path against the fused kernels.
       [[ -x build/tests/joint_timing ]] || { fail "timing (no build/tests/joint_timing)"; continue; }
