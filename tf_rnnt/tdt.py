@@ -92,6 +92,27 @@ def _check_seed(seed, owner):
     return tf.constant(values, tf.int64)
 
 
+def _tdt_options(durations, sigma, fastemit_lambda, clamp, omega, seed, owner):
+    """The TDT losses' options, checked: `(durations, sigma, fastemit_lambda, clamp, omega,
+    seed)`."""
+    return (contract.check_durations(durations, owner),
+            contract.check_nonnegative_number(sigma, "sigma", owner),
+            contract.check_fastemit_lambda(fastemit_lambda, owner),
+            contract.check_clamp(clamp, owner),
+            contract.check_probability(omega, "omega", owner), _check_seed(seed, owner))
+
+
+def with_omega(omega, seed, tdt, rnnt):
+    """`tdt()`, or with probability `omega` `rnnt()` (NeMo's omega): one draw per call,
+    `tf.random.stateless_uniform([], seed)` for a seed pair, else `tf.random.uniform([])`."""
+    if omega == 0.0:
+        return tdt()
+    if omega == 1.0:
+        return rnnt()
+    draw = tf.random.uniform([]) if seed is None else tf.random.stateless_uniform([], seed)
+    return tf.cond(draw < omega, rnnt, tdt)
+
+
 def tdt_loss(logits, labels, logit_lengths, label_lengths, durations, blank=0, sigma=0.0,
              fastemit_lambda=0.0, clamp=-1.0, omega=0.0, seed=None):
     """TDT loss on full logits `[B, T, U+1, V + D]`, costs `[B]`.
@@ -134,12 +155,8 @@ def tdt_loss(logits, labels, logit_lengths, label_lengths, durations, blank=0, s
       ...                          blank=-1, sigma=0.05)
     """
     owner = "tf_rnnt.tdt_loss"
-    durations = contract.check_durations(durations, owner)
-    sigma = contract.check_nonnegative_number(sigma, "sigma", owner)
-    fastemit_lambda = contract.check_fastemit_lambda(fastemit_lambda, owner)
-    clamp = contract.check_clamp(clamp, owner)
-    omega = contract.check_probability(omega, "omega", owner)
-    seed = _check_seed(seed, owner)
+    durations, sigma, fastemit_lambda, clamp, omega, seed = _tdt_options(
+        durations, sigma, fastemit_lambda, clamp, omega, seed, owner)
     logits = contract.float_tensor(logits, "logits", owner)
     num_durations = len(durations)
     last = contract.static_dim(logits, 3)
@@ -172,12 +189,7 @@ def tdt_loss(logits, labels, logit_lengths, label_lengths, durations, blank=0, s
         return _ops.rnnt_loss(token_logits, labels, logit_lengths, label_lengths, blank,
                               fastemit_lambda, clamp)
 
-    if omega == 0.0:
-        return tdt()
-    if omega == 1.0:
-        return rnnt()
-    draw = tf.random.uniform([]) if seed is None else tf.random.stateless_uniform([], seed)
-    return tf.cond(draw < omega, rnnt, tdt)
+    return with_omega(omega, seed, tdt, rnnt)
 
 
 def flash_tdt_loss(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths,
@@ -220,12 +232,8 @@ def flash_tdt_loss(encoder, predictor, kernel, bias, labels, logit_lengths, labe
       ...                                durations=[0, 1, 2, 3, 4], sigma=0.05)
     """
     owner = "tf_rnnt.flash_tdt_loss"
-    durations = contract.check_durations(durations, owner)
-    sigma = contract.check_nonnegative_number(sigma, "sigma", owner)
-    fastemit_lambda = contract.check_fastemit_lambda(fastemit_lambda, owner)
-    clamp = contract.check_clamp(clamp, owner)
-    omega = contract.check_probability(omega, "omega", owner)
-    seed = _check_seed(seed, owner)
+    durations, sigma, fastemit_lambda, clamp, omega, seed = _tdt_options(
+        durations, sigma, fastemit_lambda, clamp, omega, seed, owner)
     kernel = contract.float_tensor(kernel, "kernel", owner)
     bias = contract.float_tensor(bias, "bias", owner)
     joint = dict(blank=blank, activation=activation, mode=mode, tile_size=tile_size,
@@ -247,9 +255,4 @@ def flash_tdt_loss(encoder, predictor, kernel, bias, labels, logit_lengths, labe
         return _ops._lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda, clamp,
                                   owner)
 
-    if omega == 0.0:
-        return tdt()
-    if omega == 1.0:
-        return rnnt()
-    draw = tf.random.uniform([]) if seed is None else tf.random.stateless_uniform([], seed)
-    return tf.cond(draw < omega, rnnt, tdt)
+    return with_omega(omega, seed, tdt, rnnt)

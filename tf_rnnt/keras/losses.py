@@ -342,13 +342,8 @@ class FlashTDTLoss(FlashRNNTLoss):
                                        self.fastemit_lambda, self.clamp, owner,
                                        lengths_validated=True)
 
-        if self.omega == 0.0:
-            return tdt_costs()
-        if self.omega == 1.0:
-            return rnnt_costs()
-        draw = (tf.random.uniform([]) if self.seed is None
-                else tf.random.stateless_uniform([], tf.constant(self.seed, tf.int64)))
-        return tf.cond(draw < self.omega, rnnt_costs, tdt_costs)
+        seed = None if self.seed is None else tf.constant(self.seed, tf.int64)
+        return tdt.with_omega(self.omega, seed, tdt_costs, rnnt_costs)
 
 
 @keras.saving.register_keras_serializable(package="tf_rnnt")
