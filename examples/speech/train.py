@@ -16,9 +16,9 @@ references with their greedy hypotheses (hypotheses.tsv) and the streaming
 SavedModel (saved_model/, see export.py; with --tflite also streaming_step.tflite). With
 --conformer the encoder attends to whole utterances: the SavedModel has the whole-utterance
 signatures only (features, transcribe) and --tflite is refused. With --tdt the joint is a TDT
-joint (durations 0-4, `FlashTDTLoss` with sigma 0.05 and omega 0.1) and decoding is TDT greedy
-search; results.json then also holds the greedy decoding speed on the held-out sets
-("decoding": search time and joint steps per second of audio), as every run does.
+joint (--durations, default 0-4; `FlashTDTLoss` with sigma 0.05 and omega 0.1) and decoding is
+TDT greedy search. results.json holds the greedy decoding speed on the held-out sets too
+("decoding": search time and joint steps per second of audio, one utterance at a time).
 """
 
 import argparse
@@ -230,7 +230,9 @@ def parse_args(argv):
                    help="stop after the epoch that passes this many minutes")
     p.add_argument("--large", action="store_true", help="larger model and batches (GPU)")
     p.add_argument("--tdt", action="store_true",
-                   help="a TDT joint (durations 0-4) and loss with the same encoder")
+                   help="a TDT joint and loss (durations --durations) with the same encoder")
+    p.add_argument("--durations", default="0,1,2,3,4",
+                   help="with --tdt: the TDT durations in encoder frames")
     p.add_argument("--conformer", action="store_true",
                    help="a Conformer encoder (full context; no streaming export) in place of the "
                    "streaming LSTM encoder; with --large a bigger one")
@@ -311,7 +313,7 @@ def main(argv=None):
         if getattr(args, key) is not None:
             sizes[key] = getattr(args, key)
     if args.tdt:
-        sizes["durations"] = (0, 1, 2, 3, 4)
+        sizes["durations"] = tuple(int(d) for d in args.durations.split(","))
     config = ModelConfig(vocab_size=tokenizer.size, predictor=args.predictor,
                          fastemit_lambda=args.fastemit_lambda,
                          mean_prior_frames=args.mean_prior_frames, **sizes)
