@@ -161,3 +161,59 @@ class GradientRecorder(keras.optimizers.Optimizer):
     def update_step(self, gradient, variable, learning_rate):
         gradient = tf.convert_to_tensor(gradient)  # sums an Embedding's IndexedSlices rows
         self.assign(self.gradients[self._get_variable_index(variable)], gradient)
+
+
+# ---------------------------------------------------------------- the joint losses' cases
+# (batch, max_t, max_u, hidden, vocab)
+JOINT_SHAPES = [
+    pytest.param((3, 6, 3, 8, 11), id="B3_T6_U3_H8_V11"),
+    pytest.param((2, 3, 6, 5, 7), id="U_gt_T"),
+    pytest.param((2, 1, 3, 4, 6), id="T1"),
+    pytest.param((2, 5, 0, 4, 5), id="U0"),
+]
+JOINT_TILINGS = [
+    pytest.param(dict(mode="untiled"), id="untiled"),
+    pytest.param(dict(mode="tiled"), id="tiled_default"),
+    pytest.param(dict(mode="tiled", tile_size=1), id="tile_1"),
+    pytest.param(dict(mode="tiled", tile_size=7), id="tile_prime_7"),
+    pytest.param(dict(mode="tiled", tile_size=1 << 20), id="tile_larger_than_lattice"),
+    pytest.param(dict(mode="tiled", memory_budget=4096), id="memory_budget_4KiB"),
+]
+JOINT_GRAD_NAMES = ("encoder", "predictor", "kernel", "bias")
+
+# Yardstick of the half-precision tests: the float64 oracle on the rounded half inputs is the
+# exact answer; the reference run in the same precision (full logits, TF's own half kernels)
+# shows what that precision costs. The op may round differently (GEMMs in half with float32
+# accumulation), so it must stay within twice the reference's error plus one unit roundoff u
+# (float16 2^-11, bfloat16 2^-8) of the tensor's largest entry: at most about one extra rounding.
+UNIT_ROUNDOFF = {tf.float16: 2.0 ** -11, tf.bfloat16: 2.0 ** -8}
+
+
+def relative_error(got, exact):
+    """max |got - exact| over max |exact|."""
+    return float(np.max(np.abs(np.asarray(got) - exact)) / max(np.max(np.abs(exact)), 1e-30))
+
+
+def run_joint_loss(loss_fn, problem, upstream=None, device="/CPU:0", dtype=tf.float32,
+                   graph_mode="eager", **options):
+    """Costs and the four gradients of sum(upstream * costs), as float64 NumPy (make_runner)."""
+    return make_runner(loss_fn, device, dtype, graph_mode, **options)(problem, upstream)
+
+
+def compare_joint_results(got, expected, rtol=1e-5, what=""):
+    """`got` = (costs, [4 gradients]) against `expected` = (costs, *4 gradients)."""
+    got_costs, got_grads = got
+    oracle.assert_close(got_costs, expected[0], rtol, err_msg=f"{what} costs")
+    for name, g, e in zip(JOINT_GRAD_NAMES, got_grads, expected[1:]):
+        oracle.assert_close(g, e, rtol, err_msg=f"{what} d {name}")
+
+
+def assert_half_precision_close(got, ref, exact, dtype):
+    """The UNIT_ROUNDOFF yardstick for (costs, [4 gradients]) of the op (`got`) and of the
+    reference in the same precision (`ref`) against the float64 `exact` (costs, *4 gradients)."""
+    u = UNIT_ROUNDOFF[dtype]
+    for name, g, r, e in zip(("costs",) + JOINT_GRAD_NAMES, [got[0]] + list(got[1]),
+                             [ref[0]] + list(ref[1]), exact):
+        op_error, ref_error = relative_error(g, e), relative_error(r, e)
+        assert op_error <= 2 * ref_error + u, (
+            f"{name}: op error {op_error:.2e} vs reference {ref_error:.2e} in {dtype.name}")

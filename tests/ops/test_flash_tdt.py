@@ -10,30 +10,27 @@ import numpy as np
 import oracle
 import pytest
 import tensorflow as tf
-from rnnt_testing import DEVICES, GPUS, HALF_DTYPES, make_runner, requires_gpu
+from rnnt_testing import (
+    DEVICES,
+    GPUS,
+    HALF_DTYPES,
+    JOINT_GRAD_NAMES,
+    JOINT_SHAPES,
+    JOINT_TILINGS,
+    assert_half_precision_close,
+    compare_joint_results,
+    make_runner,
+    requires_gpu,
+    run_joint_loss,
+)
 
 import tf_rnnt
 from tf_rnnt import reference
 
 RTOL = 1e-5
-GRAD_NAMES = ("encoder", "predictor", "kernel", "bias")
 DURATIONS = [pytest.param([0, 1], id="d01"), pytest.param([0, 1, 2, 3, 4], id="d01234"),
              pytest.param([1, 2], id="d12")]
 BLANKS = [pytest.param(0, id="blank0"), pytest.param(-1, id="blank_last")]
-# (batch, max_t, max_u, hidden, vocab): ragged lengths down to T_b = 1 < max(durations).
-SHAPES = [
-    pytest.param((3, 6, 3, 8, 11), id="B3_T6_U3_H8_V11"),
-    pytest.param((2, 3, 6, 5, 7), id="U_gt_T"),
-    pytest.param((2, 1, 3, 4, 6), id="T1"),
-    pytest.param((2, 5, 0, 4, 5), id="U0"),
-]
-TILINGS = [
-    pytest.param(dict(mode="untiled"), id="untiled"),
-    pytest.param(dict(mode="tiled"), id="tiled_default"),
-    pytest.param(dict(mode="tiled", tile_size=1), id="tile_1"),
-    pytest.param(dict(mode="tiled", tile_size=7), id="tile_prime_7"),
-    pytest.param(dict(mode="tiled", memory_budget=4096), id="memory_budget_4KiB"),
-]
 
 
 @pytest.fixture(autouse=True)
@@ -58,18 +55,6 @@ def _float32_problem(seed, shape, durations):
     return [x.astype(np.float32) for x in problem[:4]] + list(problem[4:])
 
 
-def _compare(got, expected, rtol=RTOL, what=""):
-    got_costs, got_grads = got
-    oracle.assert_close(got_costs, expected[0], rtol, err_msg=f"{what} costs")
-    for name, g, e in zip(GRAD_NAMES, got_grads, expected[1:]):
-        oracle.assert_close(g, e, rtol, err_msg=f"{what} d {name}")
-
-
-def run_flash(loss_fn, problem, upstream=None, device="/CPU:0", dtype=tf.float32,
-              graph_mode="eager", **options):
-    return make_runner(loss_fn, device, dtype, graph_mode, **options)(problem, upstream)
-
-
 def _tdt_loss_on_logits(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths,
                         durations, blank=0, sigma=0.0, **_):
     logits = reference.joint_logits(encoder, predictor, kernel, bias)
@@ -82,15 +67,15 @@ def _tdt_loss_on_logits(encoder, predictor, kernel, bias, labels, logit_lengths,
 @pytest.mark.parametrize("mode", ["tiled", "untiled"])
 @pytest.mark.parametrize("blank", BLANKS)
 @pytest.mark.parametrize("durations", DURATIONS)
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", JOINT_SHAPES)
 @pytest.mark.parametrize("device", DEVICES)
 def test_flash_tdt_loss_matches_oracle(shape, durations, blank, mode, device):
     problem = _problem(0, shape, durations, blank)
     upstream = oracle.upstream_weights(shape[0])
     expected = oracle.flash_tdt_loss(*problem, durations, blank, 0.05, upstream=upstream)
-    got = run_flash(tf_rnnt.flash_tdt_loss, problem, upstream, device, durations=durations,
-                    blank=blank, sigma=0.05, mode=mode, tile_size=5)
-    _compare(got, expected, what=f"flash_tdt_loss {mode}")
+    got = run_joint_loss(tf_rnnt.flash_tdt_loss, problem, upstream, device, durations=durations,
+                         blank=blank, sigma=0.05, mode=mode, tile_size=5)
+    compare_joint_results(got, expected, what=f"flash_tdt_loss {mode}")
 
 
 @pytest.mark.parametrize("durations", DURATIONS)
@@ -98,22 +83,22 @@ def test_flash_tdt_loss_matches_oracle(shape, durations, blank, mode, device):
 def test_flash_tdt_loss_matches_tdt_loss_on_logits_and_reference(durations, device):
     problem = _problem(1, (3, 5, 3, 6, 9), durations, blank=-1)
     options = dict(durations=durations, blank=-1, sigma=0.1)
-    flash = run_flash(tf_rnnt.flash_tdt_loss, problem, None, device, **options)
-    on_logits = run_flash(_tdt_loss_on_logits, problem, None, device, **options)
-    ref = run_flash(reference.flash_tdt_loss, problem, None, device, **options)
-    _compare(flash, (on_logits[0], *on_logits[1]), what="flash vs tdt_loss on logits")
-    _compare(flash, (ref[0], *ref[1]), what="flash vs reference")
+    flash = run_joint_loss(tf_rnnt.flash_tdt_loss, problem, None, device, **options)
+    on_logits = run_joint_loss(_tdt_loss_on_logits, problem, None, device, **options)
+    ref = run_joint_loss(reference.flash_tdt_loss, problem, None, device, **options)
+    compare_joint_results(flash, (on_logits[0], *on_logits[1]), what="flash vs tdt_loss on logits")
+    compare_joint_results(flash, (ref[0], *ref[1]), what="flash vs reference")
 
 
-@pytest.mark.parametrize("tiling", TILINGS)
+@pytest.mark.parametrize("tiling", JOINT_TILINGS)
 @pytest.mark.parametrize("device", DEVICES)
 def test_flash_tdt_loss_tilings(tiling, device):
     durations = [0, 1, 2, 3, 4]
     problem = _problem(2, (4, 7, 4, 8, 13), durations, blank=3)
     expected = oracle.flash_tdt_loss(*problem, durations, 3)
-    got = run_flash(tf_rnnt.flash_tdt_loss, problem, None, device, durations=durations, blank=3,
-                    **tiling)
-    _compare(got, expected, what=str(tiling))
+    got = run_joint_loss(tf_rnnt.flash_tdt_loss, problem, None, device, durations=durations,
+                         blank=3, **tiling)
+    compare_joint_results(got, expected, what=str(tiling))
 
 
 @pytest.mark.parametrize("fastemit_lambda,clamp", [(0.5, -1.0), (0.0, 0.05), (0.3, 0.05)])
@@ -125,9 +110,9 @@ def test_flash_tdt_loss_fastemit_and_clamp(fastemit_lambda, clamp, mode, device)
     upstream = oracle.upstream_weights(3)
     expected = oracle.flash_tdt_loss(*problem, durations, 0, 0.05, "tanh", fastemit_lambda, clamp,
                                      upstream)
-    got = run_flash(tf_rnnt.flash_tdt_loss, problem, upstream, device, durations=durations,
-                    sigma=0.05, fastemit_lambda=fastemit_lambda, clamp=clamp, mode=mode)
-    _compare(got, expected, what=f"fastemit {fastemit_lambda} clamp {clamp}")
+    got = run_joint_loss(tf_rnnt.flash_tdt_loss, problem, upstream, device, durations=durations,
+                         sigma=0.05, fastemit_lambda=fastemit_lambda, clamp=clamp, mode=mode)
+    compare_joint_results(got, expected, what=f"fastemit {fastemit_lambda} clamp {clamp}")
 
 
 @pytest.mark.parametrize("activation", ["relu", "identity"])
@@ -136,18 +121,9 @@ def test_flash_tdt_loss_activations(activation, device):
     durations = [0, 1, 2, 3, 4]
     problem = _problem(4, (2, 5, 3, 6, 7), durations)
     expected = oracle.flash_tdt_loss(*problem, durations, 0, 0.0, activation)
-    got = run_flash(tf_rnnt.flash_tdt_loss, problem, None, device, durations=durations,
-                    activation=activation, tile_size=4)
-    _compare(got, expected, what=activation)
-
-
-# Yardstick of the RNN-T joint's half-precision tests (test_joint_lattice.py): the op stays
-# within twice the error of the reference run in the same precision plus one unit roundoff.
-UNIT_ROUNDOFF = {tf.float16: 2.0 ** -11, tf.bfloat16: 2.0 ** -8}
-
-
-def _relative_error(got, exact):
-    return float(np.max(np.abs(np.asarray(got) - exact)) / max(np.max(np.abs(exact)), 1e-30))
+    got = run_joint_loss(tf_rnnt.flash_tdt_loss, problem, None, device, durations=durations,
+                         activation=activation, tile_size=4)
+    compare_joint_results(got, expected, what=activation)
 
 
 @pytest.mark.parametrize("mode", ["tiled", "untiled"])
@@ -160,15 +136,10 @@ def test_flash_tdt_loss_half_precision(dtype, mode, device):
                     for x in problem[:4]) + problem[4:]
     exact = oracle.flash_tdt_loss(*rounded, durations, -1, 0.05)
     options = dict(durations=durations, blank=-1, sigma=0.05)
-    ref_costs, ref_grads = run_flash(reference.flash_tdt_loss, rounded, dtype=dtype, **options)
-    costs, grads = run_flash(tf_rnnt.flash_tdt_loss, rounded, None, device, dtype=dtype,
-                             mode=mode, tile_size=5, **options)
-    u = UNIT_ROUNDOFF[dtype]
-    for name, got, ref, e in zip(("costs",) + GRAD_NAMES, [costs] + grads,
-                                 [ref_costs] + ref_grads, exact):
-        op_error, ref_error = _relative_error(got, e), _relative_error(ref, e)
-        assert op_error <= 2 * ref_error + u, (
-            f"{name}: op error {op_error:.2e} vs reference {ref_error:.2e} in {dtype.name}")
+    ref_costs, ref_grads = run_joint_loss(reference.flash_tdt_loss, rounded, dtype=dtype, **options)
+    costs, grads = run_joint_loss(tf_rnnt.flash_tdt_loss, rounded, None, device, dtype=dtype,
+                                  mode=mode, tile_size=5, **options)
+    assert_half_precision_close((costs, grads), (ref_costs, ref_grads), exact, dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -176,9 +147,9 @@ def test_flash_tdt_loss_graph_modes_and_jit_compile(graph_mode, device):
     durations = [0, 1, 2, 3, 4]
     problem = _problem(6, (3, 6, 3, 8, 11), durations)
     expected = oracle.flash_tdt_loss(*problem, durations, 0, 0.05)
-    got = run_flash(tf_rnnt.flash_tdt_loss, problem, None, device, graph_mode=graph_mode,
-                    durations=durations, sigma=0.05)
-    _compare(got, expected, what=graph_mode)
+    got = run_joint_loss(tf_rnnt.flash_tdt_loss, problem, None, device, graph_mode=graph_mode,
+                         durations=durations, sigma=0.05)
+    compare_joint_results(got, expected, what=graph_mode)
     if graph_mode != "eager":
         return
     encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths = problem
@@ -195,7 +166,7 @@ def test_flash_tdt_loss_graph_modes_and_jit_compile(graph_mode, device):
             return costs, tape.gradient(total, params)
 
         costs, grads = step(*params)
-    _compare((costs.numpy(), [g.numpy() for g in grads]), expected, what="jit_compile")
+    compare_joint_results((costs.numpy(), [g.numpy() for g in grads]), expected, what="jit_compile")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -207,10 +178,10 @@ def test_flash_tdt_loss_omega(device):
     rnnt_problem = (encoder, predictor, kernel[:, :vocab], bias[:vocab], labels, logit_lengths,
                     label_lengths)
     rnnt = oracle.flash_rnnt_loss(*rnnt_problem)
-    costs, grads = run_flash(tf_rnnt.flash_tdt_loss, problem, None, device, durations=durations,
-                             sigma=0.05, omega=1.0)
-    _compare((costs, [grads[0], grads[1], grads[2][:, :vocab], grads[3][:vocab]]), rnnt,
-             what="omega=1")
+    costs, grads = run_joint_loss(tf_rnnt.flash_tdt_loss, problem, None, device,
+                                  durations=durations, sigma=0.05, omega=1.0)
+    compare_joint_results((costs, [grads[0], grads[1], grads[2][:, :vocab], grads[3][:vocab]]),
+                          rnnt, what="omega=1")
     assert np.all(grads[2][:, vocab:] == 0) and np.all(grads[3][vocab:] == 0)
     tdt = oracle.flash_tdt_loss(*problem, durations, 0, 0.05)[0]
     # A seeded draw repeats; over seeds both losses are drawn.
@@ -238,9 +209,9 @@ def test_flash_tdt_loss_padding_is_ignored(device):
         predictor[b, problem[6][b] + 1:] = np.nan
         labels[b, problem[6][b]:] = 10 ** 6
     problem[0], problem[1], problem[4] = encoder, predictor, labels
-    got = run_flash(tf_rnnt.flash_tdt_loss, tuple(problem), None, device, durations=durations)
+    got = run_joint_loss(tf_rnnt.flash_tdt_loss, tuple(problem), None, device, durations=durations)
     oracle.assert_close(got[0], expected[0], RTOL)
-    for name, g, e in zip(GRAD_NAMES[2:], got[1][2:], expected[3:]):
+    for name, g, e in zip(JOINT_GRAD_NAMES[2:], got[1][2:], expected[3:]):
         oracle.assert_close(g, e, RTOL, err_msg=name)
     for b in range(3):
         assert np.all(got[1][0][b, problem[5][b]:] == 0)
@@ -266,13 +237,14 @@ def test_flash_tdt_loss_is_deterministic(device):
 def test_flash_tdt_loss_gpu_kernel_choice(dtype):
     durations = [0, 1, 2, 3, 4]
     problem = _problem(10, (3, 6, 3, 16, 11), durations)
-    auto = run_flash(tf_rnnt.flash_tdt_loss, problem, None, "/GPU:0", dtype, durations=durations)
-    cublas = run_flash(tf_rnnt.flash_tdt_loss, problem, None, "/GPU:0", dtype,
-                       durations=durations, gpu_kernel="cublas")
+    auto = run_joint_loss(tf_rnnt.flash_tdt_loss, problem, None, "/GPU:0", dtype,
+                          durations=durations)
+    cublas = run_joint_loss(tf_rnnt.flash_tdt_loss, problem, None, "/GPU:0", dtype,
+                            durations=durations, gpu_kernel="cublas")
     np.testing.assert_array_equal(auto[0], cublas[0])
     with pytest.raises(tf.errors.InvalidArgumentError, match="duration head"):
-        run_flash(tf_rnnt.flash_tdt_loss, problem, None, "/GPU:0", dtype, durations=durations,
-                  gpu_kernel="fused")
+        run_joint_loss(tf_rnnt.flash_tdt_loss, problem, None, "/GPU:0", dtype, durations=durations,
+                       gpu_kernel="fused")
 
 
 @pytest.mark.skipif(not GPUS, reason="needs a GPU")
@@ -280,9 +252,9 @@ def test_flash_tdt_loss_cpu_gpu_parity():
     durations = [0, 1, 2, 3, 4]
     problem = _problem(11, (4, 8, 5, 16, 21), durations, blank=-1)
     options = dict(durations=durations, blank=-1, sigma=0.05, fastemit_lambda=0.1, clamp=0.5)
-    cpu = run_flash(tf_rnnt.flash_tdt_loss, problem, None, "/CPU:0", **options)
-    gpu = run_flash(tf_rnnt.flash_tdt_loss, problem, None, "/GPU:0", **options)
-    _compare(gpu, (cpu[0], *cpu[1]), what="GPU vs CPU")
+    cpu = run_joint_loss(tf_rnnt.flash_tdt_loss, problem, None, "/CPU:0", **options)
+    gpu = run_joint_loss(tf_rnnt.flash_tdt_loss, problem, None, "/GPU:0", **options)
+    compare_joint_results(gpu, (cpu[0], *cpu[1]), what="GPU vs CPU")
 
 
 # ------------------------------------------------------------------------------ bad input

@@ -17,7 +17,20 @@ import numpy as np
 import oracle
 import pytest
 import tensorflow as tf
-from rnnt_testing import DEVICES, HALF_DTYPES, REPO_ROOT, make_runner, requires_gpu
+from rnnt_testing import (
+    DEVICES,
+    HALF_DTYPES,
+    JOINT_GRAD_NAMES,
+    JOINT_SHAPES,
+    JOINT_TILINGS,
+    REPO_ROOT,
+    UNIT_ROUNDOFF,
+    assert_half_precision_close,
+    compare_joint_results,
+    relative_error,
+    requires_gpu,
+    run_joint_loss,
+)
 
 import tf_rnnt
 from tf_rnnt import reference
@@ -26,22 +39,6 @@ RTOL = 1e-5
 ACTIVATIONS = ["tanh", "relu", "identity"]
 BLANKS = [pytest.param(0, id="blank0"), pytest.param(-1, id="blank_last"),
           pytest.param("middle", id="blank_middle")]
-# (batch, max_t, max_u, hidden, vocab)
-SHAPES = [
-    pytest.param((3, 6, 3, 8, 11), id="B3_T6_U3_H8_V11"),
-    pytest.param((2, 3, 6, 5, 7), id="U_gt_T"),
-    pytest.param((2, 1, 3, 4, 6), id="T1"),
-    pytest.param((2, 5, 0, 4, 5), id="U0"),
-]
-TILINGS = [
-    pytest.param(dict(mode="untiled"), id="untiled"),
-    pytest.param(dict(mode="tiled"), id="tiled_default"),
-    pytest.param(dict(mode="tiled", tile_size=1), id="tile_1"),
-    pytest.param(dict(mode="tiled", tile_size=7), id="tile_prime_7"),
-    pytest.param(dict(mode="tiled", tile_size=1 << 20), id="tile_larger_than_lattice"),
-    pytest.param(dict(mode="tiled", memory_budget=4096), id="memory_budget_4KiB"),
-]
-GRAD_NAMES = ("encoder", "predictor", "kernel", "bias")
 
 
 _blank = oracle.blank_id
@@ -50,12 +47,6 @@ _upstream = oracle.upstream_weights
 
 
 # ------------------------------------------------------------------------------ runners
-
-def run_flash(loss_fn, problem, upstream=None, device="/CPU:0", dtype=tf.float32,
-              graph_mode="eager", **options):
-    """Costs and the four gradients of sum(upstream * costs), as float64 NumPy."""
-    return make_runner(loss_fn, device, dtype, graph_mode, **options)(problem, upstream)
-
 
 def run_joint_lattice(problem, d_lattice, device="/CPU:0", dtype=tf.float32, **options):
     """Lattice and the four gradients of sum(d_lattice * lattice), as float64 NumPy."""
@@ -75,14 +66,6 @@ def run_joint_lattice(problem, d_lattice, device="/CPU:0", dtype=tf.float32, **o
     return lattice.numpy(), [tf.cast(g, tf.float64).numpy() for g in grads]
 
 
-def _compare_flash(got, expected, rtol=RTOL, what=""):
-    got_costs, got_grads = got
-    costs, grads = expected[0], expected[1:]
-    oracle.assert_close(got_costs, costs, rtol, err_msg=f"{what} costs")
-    for name, g, e in zip(GRAD_NAMES, got_grads, grads):
-        oracle.assert_close(g, e, rtol, err_msg=f"{what} d {name}")
-
-
 def _reference_flash(encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths,
                      blank=0, activation="tanh", fastemit_lambda=0.0, clamp=-1.0, **_):
     return reference.flash_rnnt_loss(encoder, predictor, kernel, bias, labels, logit_lengths,
@@ -100,8 +83,8 @@ def test_joint_oracle_matches_reference(activation, blank):
     problem = _problem(0, shape, blank)
     upstream = _upstream(shape[0])
     expected = oracle.flash_rnnt_loss(*problem, blank, activation, upstream=upstream)
-    got = run_flash(_reference_flash, problem, upstream, blank=blank, activation=activation)
-    _compare_flash(got, expected, what="reference vs oracle")
+    got = run_joint_loss(_reference_flash, problem, upstream, blank=blank, activation=activation)
+    compare_joint_results(got, expected, what="reference vs oracle")
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
@@ -112,7 +95,7 @@ def test_joint_oracle_matches_finite_differences(activation):
     expected = oracle.flash_rnnt_loss(*problem, -1, activation, upstream=upstream)
     d_lattice = np.random.default_rng(2).normal(size=(2, 3, 3, 2))
     lattice_grads = oracle.joint_lattice_backward(*problem, d_lattice, -1, activation)
-    for i, name in enumerate(GRAD_NAMES):
+    for i, name in enumerate(JOINT_GRAD_NAMES):
         def total(x):
             args = list(problem)
             args[i] = x
@@ -137,21 +120,21 @@ def test_joint_oracle_matches_finite_differences(activation):
 @pytest.mark.parametrize("mode", ["tiled", "untiled"])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("blank", BLANKS)
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", JOINT_SHAPES)
 @pytest.mark.parametrize("device", DEVICES)
 def test_flash_rnnt_loss_matches_oracle_and_reference(shape, blank, activation, mode, device):
     blank = _blank(blank, shape[4])
     problem = _problem(3, shape, blank)
     upstream = _upstream(shape[0])
     expected = oracle.flash_rnnt_loss(*problem, blank, activation, upstream=upstream)
-    got = run_flash(tf_rnnt.flash_rnnt_loss, problem, upstream, device, blank=blank,
-                    activation=activation, mode=mode)
-    _compare_flash(got, expected, what=f"{mode} vs oracle")
-    ref = run_flash(_reference_flash, problem, upstream, blank=blank, activation=activation)
-    _compare_flash(got, (ref[0], *ref[1]), what=f"{mode} vs reference")
+    got = run_joint_loss(tf_rnnt.flash_rnnt_loss, problem, upstream, device, blank=blank,
+                         activation=activation, mode=mode)
+    compare_joint_results(got, expected, what=f"{mode} vs oracle")
+    ref = run_joint_loss(_reference_flash, problem, upstream, blank=blank, activation=activation)
+    compare_joint_results(got, (ref[0], *ref[1]), what=f"{mode} vs reference")
 
 
-@pytest.mark.parametrize("tiling", TILINGS)
+@pytest.mark.parametrize("tiling", JOINT_TILINGS)
 @pytest.mark.parametrize("blank", BLANKS)
 @pytest.mark.parametrize("device", DEVICES)
 def test_flash_rnnt_loss_tilings(tiling, blank, device):
@@ -160,11 +143,11 @@ def test_flash_rnnt_loss_tilings(tiling, blank, device):
     problem = _problem(4, shape, blank)
     upstream = _upstream(shape[0])
     expected = oracle.flash_rnnt_loss(*problem, blank, "tanh", upstream=upstream)
-    got = run_flash(tf_rnnt.flash_rnnt_loss, problem, upstream, device, blank=blank, **tiling)
-    _compare_flash(got, expected, what=str(tiling))
+    got = run_joint_loss(tf_rnnt.flash_rnnt_loss, problem, upstream, device, blank=blank, **tiling)
+    compare_joint_results(got, expected, what=str(tiling))
 
 
-@pytest.mark.parametrize("tiling", [TILINGS[0], TILINGS[1], TILINGS[3],
+@pytest.mark.parametrize("tiling", [JOINT_TILINGS[0], JOINT_TILINGS[1], JOINT_TILINGS[3],
                                     pytest.param(dict(mode="tiled", tile_size=100),
                                                  id="tile_100")])
 @pytest.mark.parametrize("device", DEVICES)
@@ -174,18 +157,19 @@ def test_flash_rnnt_loss_larger_case(tiling, device):
     problem = _problem(17, shape, blank=-1)
     upstream = _upstream(shape[0])
     expected = oracle.flash_rnnt_loss(*problem, -1, "tanh", upstream=upstream)
-    got = run_flash(tf_rnnt.flash_rnnt_loss, problem, upstream, device, blank=-1, **tiling)
-    _compare_flash(got, expected, what=str(tiling))
+    got = run_joint_loss(tf_rnnt.flash_rnnt_loss, problem, upstream, device, blank=-1, **tiling)
+    compare_joint_results(got, expected, what=str(tiling))
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_flash_rnnt_loss_tilings_agree(device):
     # Different tile sizes only change the order of float32 sums: results agree closely.
     problem = _problem(5, (2, 9, 5, 7, 10), blank=-1)
-    results = [run_flash(tf_rnnt.flash_rnnt_loss, problem, None, device, blank=-1,
-                         activation="relu", **tiling.values[0]) for tiling in TILINGS]
-    for tiling, other in zip(TILINGS[1:], results[1:]):
-        _compare_flash(other, (results[0][0], *results[0][1]), what=f"{tiling.id} vs untiled")
+    results = [run_joint_loss(tf_rnnt.flash_rnnt_loss, problem, None, device, blank=-1,
+                              activation="relu", **tiling.values[0]) for tiling in JOINT_TILINGS]
+    for tiling, other in zip(JOINT_TILINGS[1:], results[1:]):
+        compare_joint_results(other, (results[0][0], *results[0][1]),
+                              what=f"{tiling.id} vs untiled")
 
 
 # Untiled mode's backward writes d logits and d hidden over the values its forward kept. A
@@ -212,11 +196,11 @@ def test_flash_rnnt_loss_untiled_persistent_tape(device, dtype):
 
     (plain,) = gradients(False)
     for k, run in enumerate(gradients(True)):
-        for name, got, want in zip(GRAD_NAMES, run, plain):
+        for name, got, want in zip(JOINT_GRAD_NAMES, run, plain):
             np.testing.assert_array_equal(got, want, err_msg=f"persistent tape {k}: d {name}")
     if dtype == tf.float32:
         expected = oracle.flash_rnnt_loss(*problem, 0, "tanh", upstream=upstream)
-        for name, got, want in zip(GRAD_NAMES, plain, expected[1:]):
+        for name, got, want in zip(JOINT_GRAD_NAMES, plain, expected[1:]):
             oracle.assert_close(got, want, RTOL, err_msg=f"d {name}")
 
 
@@ -225,9 +209,9 @@ def test_flash_rnnt_loss_graph_modes(graph_mode, device):
     problem = _problem(6, (3, 5, 4, 6, 8), blank=2)
     expected = oracle.flash_rnnt_loss(*problem, 2, "tanh")
     for mode in ("tiled", "untiled"):
-        got = run_flash(tf_rnnt.flash_rnnt_loss, problem, None, device, graph_mode=graph_mode,
-                        blank=2, mode=mode, tile_size=5 if mode == "tiled" else None)
-        _compare_flash(got, expected, what=f"{graph_mode} {mode}")
+        got = run_joint_loss(tf_rnnt.flash_rnnt_loss, problem, None, device, graph_mode=graph_mode,
+                             blank=2, mode=mode, tile_size=5 if mode == "tiled" else None)
+        compare_joint_results(got, expected, what=f"{graph_mode} {mode}")
 
 
 @pytest.mark.parametrize("fastemit_lambda,clamp", [(0.5, -1.0), (0.0, 0.05), (0.3, 0.05)])
@@ -237,9 +221,9 @@ def test_flash_rnnt_loss_fastemit_and_clamp(fastemit_lambda, clamp, mode, device
     problem = _problem(7, (3, 5, 3, 6, 9), blank=0)
     upstream = np.array([2.0, 0.5, -3.0])
     expected = oracle.flash_rnnt_loss(*problem, 0, "tanh", fastemit_lambda, clamp, upstream)
-    got = run_flash(tf_rnnt.flash_rnnt_loss, problem, upstream, device, mode=mode,
-                    fastemit_lambda=fastemit_lambda, clamp=clamp)
-    _compare_flash(got, expected, what=mode)
+    got = run_joint_loss(tf_rnnt.flash_rnnt_loss, problem, upstream, device, mode=mode,
+                         fastemit_lambda=fastemit_lambda, clamp=clamp)
+    compare_joint_results(got, expected, what=mode)
 
 
 @pytest.mark.parametrize("mode", ["tiled", "untiled"])
@@ -259,9 +243,10 @@ def test_flash_rnnt_loss_padding(mode, device):
             -30, 30, predictor[b, label_lengths[b] + 1:].shape)
         labels[b, label_lengths[b]:] = 0  # padded labels equal to blank are fine
     dirty = (encoder, predictor, kernel, bias, labels, logit_lengths, label_lengths)
-    costs, grads = run_flash(tf_rnnt.flash_rnnt_loss, dirty, None, device, activation="identity",
-                             mode=mode, tile_size=3 if mode == "tiled" else None)
-    _compare_flash((costs, grads), expected, what="padded")
+    costs, grads = run_joint_loss(tf_rnnt.flash_rnnt_loss, dirty, None, device,
+                                  activation="identity", mode=mode,
+                                  tile_size=3 if mode == "tiled" else None)
+    compare_joint_results((costs, grads), expected, what="padded")
     for b in range(3):
         assert np.all(grads[0][b, logit_lengths[b]:] == 0.0), "d encoder leaked into padding"
         assert np.all(grads[1][b, label_lengths[b] + 1:] == 0.0), "d predictor leaked"
@@ -271,9 +256,9 @@ def test_flash_rnnt_loss_padding(mode, device):
 def test_flash_rnnt_loss_int64_labels_and_lengths(device):
     problem = _problem(10, (2, 4, 3, 5, 6))
     wide = problem[:4] + tuple(x.astype(np.int64) for x in problem[4:])
-    narrow_result = run_flash(tf_rnnt.flash_rnnt_loss, problem, None, device)
-    wide_result = run_flash(tf_rnnt.flash_rnnt_loss, wide, None, device)
-    _compare_flash(wide_result, (narrow_result[0], *narrow_result[1]), rtol=1e-6)
+    narrow_result = run_joint_loss(tf_rnnt.flash_rnnt_loss, problem, None, device)
+    wide_result = run_joint_loss(tf_rnnt.flash_rnnt_loss, wide, None, device)
+    compare_joint_results(wide_result, (narrow_result[0], *narrow_result[1]), rtol=1e-6)
 
 
 # ------------------------------------------------------------------------------ joint_lattice
@@ -287,9 +272,9 @@ def _lattice_masks(problem):
     return valid, valid & (u < np.asarray(label_lengths)[:, None, None])
 
 
-@pytest.mark.parametrize("tiling", [TILINGS[0], TILINGS[1], TILINGS[3]])
+@pytest.mark.parametrize("tiling", [JOINT_TILINGS[0], JOINT_TILINGS[1], JOINT_TILINGS[3]])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
-@pytest.mark.parametrize("shape", SHAPES[:3])
+@pytest.mark.parametrize("shape", JOINT_SHAPES[:3])
 @pytest.mark.parametrize("device", DEVICES)
 def test_joint_lattice_matches_oracle(shape, activation, tiling, device):
     blank = -1
@@ -307,23 +292,11 @@ def test_joint_lattice_matches_oracle(shape, activation, tiling, device):
                         np.where(label_used, expected[..., 1], 0.0), RTOL)
     assert np.all(lattice[~valid] == 0.0), "nodes outside the rectangle must be 0"
     expected_grads = oracle.joint_lattice_backward(*problem, d_lattice, blank, activation)
-    for name, g, e in zip(GRAD_NAMES, grads, expected_grads):
+    for name, g, e in zip(JOINT_GRAD_NAMES, grads, expected_grads):
         oracle.assert_close(g, e, RTOL, err_msg=f"d {name}")
 
 
 # ------------------------------------------------------------------------------ half precision
-
-# Yardstick: the float64 oracle on the rounded half inputs is the exact answer; the reference
-# run in the same precision (full logits, TF's own half kernels) shows what that precision
-# costs. The op may round differently (GEMMs in half with float32 accumulation), so it must
-# stay within twice the reference's error plus one unit roundoff u (float16 2^-11, bfloat16
-# 2^-8) of the tensor's largest entry: at most about one extra rounding.
-UNIT_ROUNDOFF = {tf.float16: 2.0 ** -11, tf.bfloat16: 2.0 ** -8}
-
-
-def _relative_error(got, exact):
-    return float(np.max(np.abs(np.asarray(got) - exact)) / max(np.max(np.abs(exact)), 1e-30))
-
 
 @pytest.mark.parametrize("mode", ["tiled", "untiled"])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
@@ -334,16 +307,11 @@ def test_flash_rnnt_loss_half_precision(dtype, activation, mode, device):
     rounded = tuple(tf.cast(tf.cast(tf.constant(x, tf.float32), dtype), tf.float64).numpy()
                     for x in problem[:4]) + problem[4:]
     exact = oracle.flash_rnnt_loss(*rounded, -1, activation)
-    ref_costs, ref_grads = run_flash(_reference_flash, rounded, dtype=dtype, blank=-1,
-                                     activation=activation)
-    costs, grads = run_flash(tf_rnnt.flash_rnnt_loss, rounded, None, device, dtype=dtype,
-                             blank=-1, activation=activation, mode=mode, tile_size=5)
-    u = UNIT_ROUNDOFF[dtype]
-    for name, got, ref, e in zip(("costs",) + GRAD_NAMES, [costs] + grads,
-                                 [ref_costs] + ref_grads, exact):
-        op_error, ref_error = _relative_error(got, e), _relative_error(ref, e)
-        assert op_error <= 2 * ref_error + u, (
-            f"{name}: op error {op_error:.2e} vs reference {ref_error:.2e} in {dtype.name}")
+    ref_costs, ref_grads = run_joint_loss(_reference_flash, rounded, dtype=dtype, blank=-1,
+                                          activation=activation)
+    costs, grads = run_joint_loss(tf_rnnt.flash_rnnt_loss, rounded, None, device, dtype=dtype,
+                                  blank=-1, activation=activation, mode=mode, tile_size=5)
+    assert_half_precision_close((costs, grads), (ref_costs, ref_grads), exact, dtype)
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
@@ -361,8 +329,8 @@ def test_joint_lattice_half_precision(dtype, device):
     u = UNIT_ROUNDOFF[dtype]
     for channel, mask in ((0, valid), (1, label_used)):
         e = np.where(mask, exact[..., channel], 0.0)
-        op_error = _relative_error(np.where(mask, lattice[..., channel], 0.0), e)
-        ref_error = _relative_error(np.where(mask, ref[..., channel], 0.0), e)
+        op_error = relative_error(np.where(mask, lattice[..., channel], 0.0), e)
+        ref_error = relative_error(np.where(mask, ref[..., channel], 0.0), e)
         assert op_error <= 2 * ref_error + u, (channel, op_error, ref_error)
 
 
@@ -377,28 +345,28 @@ def _check_fused_kernels(problem, dtype, blank, options, tile_size, mode="tiled"
     rounded = tuple(tf.cast(tf.cast(tf.constant(x, tf.float32), dtype), tf.float64).numpy()
                     for x in problem[:4]) + problem[4:]
     exact = oracle.flash_rnnt_loss(*rounded, blank, "tanh", **options)
-    ref_costs, ref_grads = run_flash(_reference_flash, rounded, dtype=dtype, blank=blank,
-                                     **options)
+    ref_costs, ref_grads = run_joint_loss(_reference_flash, rounded, dtype=dtype, blank=blank,
+                                          **options)
     runs = {}
     fused_path = "fused"
     for path in ("cublas", fused_path, fused_path):
-        got = run_flash(tf_rnnt.flash_rnnt_loss, rounded, None, "/GPU:0", dtype=dtype,
-                        blank=blank, mode="tiled" if path == "cublas" else mode,
-                        tile_size=tile_size, gpu_kernel=path, **options)
+        got = run_joint_loss(tf_rnnt.flash_rnnt_loss, rounded, None, "/GPU:0", dtype=dtype,
+                             blank=blank, mode="tiled" if path == "cublas" else mode,
+                             tile_size=tile_size, gpu_kernel=path, **options)
         if path in runs:
             for a, b in zip([runs[path][0]] + runs[path][1], [got[0]] + got[1]):
                 np.testing.assert_array_equal(a, b, err_msg=f"{path}: a second run differs")
         runs[path] = got
     u = UNIT_ROUNDOFF[dtype]
-    for i, (name, e) in enumerate(zip(("costs",) + GRAD_NAMES, exact)):
+    for i, (name, e) in enumerate(zip(("costs",) + JOINT_GRAD_NAMES, exact)):
         fused = runs[fused_path][0] if i == 0 else runs[fused_path][1][i - 1]
         cublas = runs["cublas"][0] if i == 0 else runs["cublas"][1][i - 1]
         ref = ref_costs if i == 0 else ref_grads[i - 1]
-        op_error, ref_error = _relative_error(fused, e), _relative_error(ref, e)
+        op_error, ref_error = relative_error(fused, e), relative_error(ref, e)
         assert op_error <= 2 * ref_error + u, (
             f"{name}: {fused_path} error {op_error:.2e} vs reference {ref_error:.2e} in "
             f"{dtype.name}")
-        assert _relative_error(fused, cublas) <= 2 * u, f"{name}: {fused_path} vs cuBLAS path"
+        assert relative_error(fused, cublas) <= 2 * u, f"{name}: {fused_path} vs cuBLAS path"
 
 
 @pytest.mark.gpu
@@ -460,7 +428,7 @@ def test_joint_lattice_numerical_gradient(activation, mode, device):
     with tf.device(device):
         theoretical, numerical = tf.test.compute_gradient(
             lattice_fn, [tf.constant(x, tf.float32) for x in problem[:4]], delta=NUMERIC_DELTA)
-    for name, t, n in zip(GRAD_NAMES, theoretical, numerical):
+    for name, t, n in zip(JOINT_GRAD_NAMES, theoretical, numerical):
         np.testing.assert_allclose(t, n, rtol=NUMERIC_TOL, atol=NUMERIC_TOL, err_msg=name)
 
 
@@ -476,7 +444,7 @@ def test_flash_rnnt_loss_numerical_gradient(device):
     with tf.device(device):
         theoretical, numerical = tf.test.compute_gradient(
             loss_fn, [tf.constant(x, tf.float32) for x in problem[:4]], delta=NUMERIC_DELTA)
-    for name, t, n in zip(GRAD_NAMES, theoretical, numerical):
+    for name, t, n in zip(JOINT_GRAD_NAMES, theoretical, numerical):
         np.testing.assert_allclose(t, n, rtol=NUMERIC_TOL, atol=NUMERIC_TOL, err_msg=name)
 
 
@@ -551,9 +519,8 @@ def test_op_determinism(device):
 def test_cpu_gpu_parity(activation, mode):
     problem = _problem(16, (4, 13, 6, 32, 40), blank=-1)
     upstream = _upstream(4)
-    results = [run_flash(tf_rnnt.flash_rnnt_loss, problem, upstream, device, blank=-1,
-                         activation=activation, mode=mode, tile_size=11,
-                         fastemit_lambda=0.1, clamp=0.5)
-               for device in ("/CPU:0", "/GPU:0")]
-    _compare_flash(results[1], (results[0][0], *results[0][1]), what="GPU vs CPU")
+    results = [run_joint_loss(tf_rnnt.flash_rnnt_loss, problem, upstream, device, blank=-1,
+                              activation=activation, mode=mode, tile_size=11, fastemit_lambda=0.1,
+                              clamp=0.5) for device in ("/CPU:0", "/GPU:0")]
+    compare_joint_results(results[1], (results[0][0], *results[0][1]), what="GPU vs CPU")
 
