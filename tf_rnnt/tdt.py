@@ -113,6 +113,14 @@ def with_omega(omega, seed, tdt, rnnt):
     return tf.cond(draw < omega, rnnt, tdt)
 
 
+def subtract_sigma(lattice, sigma, num_durations):
+    """A `[B, T, U+1, 2 + D]` joint lattice with `sigma` taken off its two token channels (the
+    duration channels unchanged), as `tdt_lattice_loss` reads it."""
+    if not sigma:
+        return lattice
+    return lattice - tf.constant([sigma, sigma] + [0.0] * num_durations, tf.float32)
+
+
 def tdt_loss(logits, labels, logit_lengths, label_lengths, durations, blank=0, sigma=0.0,
              fastemit_lambda=0.0, clamp=-1.0, omega=0.0, seed=None):
     """TDT loss on full logits `[B, T, U+1, V + D]`, costs `[B]`.
@@ -242,16 +250,14 @@ def flash_tdt_loss(encoder, predictor, kernel, bias, labels, logit_lengths, labe
     def tdt():
         lattice = _ops._joint_lattice(encoder, predictor, kernel, bias, labels, logit_lengths,
                                       label_lengths, durations=durations, **joint)
-        if sigma:
-            shift = tf.constant([sigma, sigma] + [0.0] * len(durations), tf.float32)
-            lattice = lattice - shift
-        return _tdt_lattice_loss(lattice, logit_lengths, label_lengths, durations,
-                                 fastemit_lambda, clamp, owner)
+        return _tdt_lattice_loss(subtract_sigma(lattice, sigma, len(durations)), logit_lengths,
+                                 label_lengths, durations, fastemit_lambda, clamp, owner)
 
-    def rnnt():
-        vocab = tf.shape(kernel)[-1] - len(durations)
-        lattice = _ops._joint_lattice(encoder, predictor, kernel[:, :vocab], bias[:vocab], labels,
-                                      logit_lengths, label_lengths, **joint)
+    def rnnt():  # the token columns alone
+        num_durations = len(durations)
+        lattice = _ops._joint_lattice(encoder, predictor, kernel[:, :-num_durations],
+                                      bias[:-num_durations], labels, logit_lengths,
+                                      label_lengths, **joint)
         return _ops._lattice_loss(lattice, logit_lengths, label_lengths, fastemit_lambda, clamp,
                                   owner)
 

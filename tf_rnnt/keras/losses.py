@@ -333,8 +333,8 @@ class FlashTDTLoss(FlashRNNTLoss):
         from tf_rnnt import tdt
 
         def tdt_costs():
-            shift = tf.constant([self.sigma] * 2 + [0.0] * len(self.durations), tf.float32)
-            return tdt._tdt_lattice_loss(lattice - shift, logit_lengths, label_lengths,
+            shifted = tdt.subtract_sigma(lattice, self.sigma, len(self.durations))
+            return tdt._tdt_lattice_loss(shifted, logit_lengths, label_lengths,
                                          self.durations, self.fastemit_lambda, self.clamp, owner)
 
         def rnnt_costs():
