@@ -80,7 +80,6 @@ class UtteranceTranscriber(tf.Module):
         self.feature_config = feature_config
         self.max_symbols = max_symbols
         self._joint_fn = decoding.joint_fn_from_layer(self.joint)
-        self._durations = self.joint.durations
         self._texts = tf.constant(["" if i == pipeline.BLANK else text
                                    for i, text in enumerate(tokenizer.token_texts())])
         self.features = tf.function(
@@ -97,7 +96,7 @@ class UtteranceTranscriber(tf.Module):
         feature_lengths = pipeline.num_frames(audio_lengths, self.feature_config)
         frames = self.encoder([features, feature_lengths], training=False)
         tokens = greedy_tokens(frames, self.encoder.frame_lengths(feature_lengths),
-                               self.predictor, self._joint_fn, self._durations,
+                               self.predictor, self._joint_fn, self.joint.durations,
                                self.max_symbols)
         text = tf.strings.reduce_join(tf.gather(self._texts, tf.maximum(tokens, 0)), axis=-1)
         return {"text": text, "tokens": decoding.compact_tokens(tokens)}
