@@ -233,6 +233,10 @@ def parse_args(argv):
                    help="a TDT joint and loss (durations --durations) with the same encoder")
     p.add_argument("--durations", default="0,1,2,3,4",
                    help="with --tdt: the TDT durations in encoder frames")
+    p.add_argument("--tdt-sigma", type=float, default=ModelConfig.tdt_sigma,
+                   help="with --tdt: the loss's logit under-normalization sigma")
+    p.add_argument("--tdt-omega", type=float, default=ModelConfig.tdt_omega,
+                   help="with --tdt: the probability of a plain RNN-T loss step (omega)")
     p.add_argument("--conformer", action="store_true",
                    help="a Conformer encoder (full context; no streaming export) in place of the "
                    "streaming LSTM encoder; with --large a bigger one")
@@ -314,6 +318,7 @@ def main(argv=None):
             sizes[key] = getattr(args, key)
     if args.tdt:
         sizes["durations"] = tuple(int(d) for d in args.durations.split(","))
+        sizes.update(tdt_sigma=args.tdt_sigma, tdt_omega=args.tdt_omega)
     config = ModelConfig(vocab_size=tokenizer.size, predictor=args.predictor,
                          fastemit_lambda=args.fastemit_lambda,
                          mean_prior_frames=args.mean_prior_frames, **sizes)

@@ -19,13 +19,16 @@ def test_train_main_tdt_end_to_end(tmp_path, monkeypatch):
     results = train.main([
         "--tdt", "--data", str(_small_synthesized_set(tmp_path)), "--out", str(out),
         "--human-train", "8", "--human-test", "4", "--epochs", "2", "--batch-size", "8",
-        "--encoder-dim", "16", "--encoder-layers", "1", "--tflite"])
+        "--encoder-dim", "16", "--encoder-layers", "1", "--tdt-sigma", "0.1", "--tdt-omega", "0.25",
+        "--tflite"])
     assert results["config"]["durations"] == (0, 1, 2, 3, 4)
+    assert (results["config"]["tdt_sigma"], results["config"]["tdt_omega"]) == (0.1, 0.25)
     assert all(np.isfinite(w) and w >= 0 for w in results["wer"].values())
     model = train.build_model(train.ModelConfig(**results["config"]))
     joint = model.get_layer("joint")
     assert joint.durations == [0, 1, 2, 3, 4]
     assert joint.kernel.shape[-1] == results["config"]["vocab_size"] + 5
+    assert (model.loss.sigma, model.loss.omega) == (0.1, 0.25)
     for name, speed in results["decoding"].items():
         assert speed["utterances"] == 4, name
         # Every utterance takes at least one move, and a move advances at most 4 frames.
