@@ -116,9 +116,9 @@ for step in "$@"; do
       grep -E "^(PASS|FAIL|ALL|FAILED|keras|library)" "$OUT/xla_gpu_check.log" ;;
     sanitize)
       for tool in memcheck racecheck initcheck; do
-        # initcheck cannot see what cuBLAS's GEMMs write (on an H100 it flags the float32
-        # joint's picks over cuBLAS's logits tile): there the joint runs in 16-bit dtypes only,
-        # the fused kernels' path; memcheck and racecheck cover the cuBLAS path.
+        # initcheck does not see what cuBLAS's GEMMs write: it flags the float32 joint's reads
+        # of the logits tile cuBLAS wrote. There the joint runs in 16-bit dtypes only (the
+        # fused kernels' on Hopper); memcheck and racecheck run the float32 joint too.
         args=""; [[ $tool == racecheck ]] && args="--joint-dtypes float32"
         [[ $tool == initcheck ]] && args="--joint-dtypes float16,bfloat16"
         gpu0 compute-sanitizer --tool $tool --kernel-name kns=tf_rnnt --error-exitcode 9 \
